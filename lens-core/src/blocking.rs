@@ -1,0 +1,55 @@
+//! Synchronous twins of the async API, for training loops without an async runtime.
+//!
+//! Each call blocks the calling thread until the collective completes or fails (every
+//! backend has a deadline, so it never blocks forever). Do not call these from inside an
+//! async task: they would block the executor's thread.
+//!
+//! ```
+//! use lens_core::blocking;
+//! use lens_testkit::LocalCluster;
+//!
+//! let ranks = LocalCluster::new(2).broadcasters();
+//! std::thread::scope(|s| {
+//!     let other = s.spawn(|| blocking::broadcast(&ranks[1], 0, None));
+//!     let mine = blocking::broadcast(&ranks[0], 0, Some(b"step 7"))?;
+//!     assert_eq!(mine, b"step 7");
+//!     assert_eq!(other.join().expect("thread")?, b"step 7");
+//!     Ok::<(), lens_core::Error>(())
+//! })?;
+//! # Ok::<(), lens_core::Error>(())
+//! ```
+
+use opentelemetry::Context;
+
+use crate::broadcaster::Broadcaster;
+use crate::carrier::Carrier;
+use crate::error::Result;
+
+/// Blocking [`Broadcaster::broadcast`].
+///
+/// # Errors
+/// As the backend's `broadcast`.
+pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+    futures::executor::block_on(b.broadcast(root, payload))
+}
+
+/// Blocking [`crate::broadcast_trace_context`]; the source injects this thread's current
+/// context.
+///
+/// # Errors
+/// As [`crate::broadcast_trace_context`].
+pub fn broadcast_trace_context(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
+    futures::executor::block_on(crate::broadcast_trace_context(b, src_rank))
+}
+
+/// Blocking [`crate::broadcast_context`].
+///
+/// # Errors
+/// As [`crate::broadcast_context`].
+pub fn broadcast_context(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    cx: &Context,
+) -> Result<Option<Carrier>> {
+    futures::executor::block_on(crate::broadcast_context(b, src_rank, cx))
+}

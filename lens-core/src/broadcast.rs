@@ -1,0 +1,127 @@
+//! Broadcasting one rank's trace context to every rank.
+
+use std::future::Future;
+
+use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt;
+
+use crate::broadcaster::Broadcaster;
+use crate::carrier::{Carrier, TRACEPARENT};
+use crate::error::{Error, Result};
+
+/// Broadcasts the source rank's *current* trace context to every rank of `b`.
+///
+/// Collective: every rank calls it with the same `src_rank`. The source injects
+/// [`Context::current`] as it is **when this function is called** (not when the future is
+/// first polled), encodes it and broadcasts it; every rank decodes it.
+///
+/// Returns `Ok(Some(carrier))` on every rank when the source had a valid span context
+/// (the carrier knows its [`Carrier::source_rank`]), `Ok(None)` on every rank when it had
+/// none (Python returns `{}` there and silently produces unlinked spans), and `Err` for every
+/// transport failure or corrupt payload.
+///
+/// # Errors
+/// [`Error::InvalidRoot`]; [`Error::PayloadTooLarge`] on the source when the carrier is over
+/// the codec's or the backend's limit, and then [`Error::SourceFailed`] on the others (the
+/// source tells them instead of leaving them to time out); [`Error::Decode`] for a corrupt
+/// carrier; any transport error of the backend.
+///
+/// # Example
+///
+/// ```
+/// use lens_core::{broadcast_trace_context, Broadcaster};
+/// use lens_testkit::LocalCluster;
+/// use opentelemetry::trace::{Tracer, TracerProvider as _, TraceContextExt};
+/// use opentelemetry::Context;
+/// use opentelemetry_sdk::trace::SdkTracerProvider;
+///
+/// # futures::executor::block_on(async {
+/// let ranks = LocalCluster::new(2).broadcasters();
+/// let tracer = SdkTracerProvider::builder().build().tracer("doc");
+/// let span = tracer.start("train_step");
+/// let cx = Context::current_with_span(span);
+/// let _guard = cx.clone().attach();
+///
+/// let (root, other) = futures::join!(
+///     broadcast_trace_context(&ranks[0], 0),
+///     broadcast_trace_context(&ranks[1], 0),
+/// );
+/// let (root, other) = (root?.expect("span"), other?.expect("span"));
+/// assert_eq!(root, other);
+/// assert_eq!(other.source_rank(), Some(0));
+/// assert_eq!(
+///     other.span_context().map(|sc| sc.trace_id()),
+///     Some(cx.span().span_context().trace_id()),
+/// );
+/// # Ok::<(), lens_core::Error>(())
+/// # }).unwrap();
+/// ```
+pub fn broadcast_trace_context<'a>(
+    b: &'a dyn Broadcaster,
+    src_rank: usize,
+) -> impl Future<Output = Result<Option<Carrier>>> + Send + 'a {
+    // Taken now: an `async fn` would read the current context at its first poll instead.
+    let cx = (b.rank() == src_rank).then(Context::current);
+    async move { broadcast_impl(b, src_rank, cx.as_ref()).await }
+}
+
+/// Like [`broadcast_trace_context`], with an explicit context `cx` on the source rank
+/// (ignored elsewhere).
+///
+/// # Errors
+/// As [`broadcast_trace_context`].
+pub async fn broadcast_context(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    cx: &Context,
+) -> Result<Option<Carrier>> {
+    broadcast_impl(b, src_rank, Some(cx)).await
+}
+
+async fn broadcast_impl(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    cx: Option<&Context>,
+) -> Result<Option<Carrier>> {
+    let world_size = b.world_size();
+    if src_rank >= world_size {
+        return Err(Error::InvalidRoot {
+            root: src_rank,
+            world_size,
+        });
+    }
+    if b.rank() == src_rank {
+        let cx = cx.cloned().unwrap_or_else(Context::current);
+        let carrier = Carrier::from_context(&cx);
+        let bytes = carrier.encode();
+        let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
+        if bytes.len() > limit {
+            // An empty payload is never a carrier ("{}" is the smallest): it tells the other
+            // ranks that the source failed, so they return at once instead of timing out.
+            if let Err(e) = b.broadcast(src_rank, Some(&[])).await {
+                tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
+            }
+            return Err(Error::PayloadTooLarge {
+                len: bytes.len(),
+                limit,
+            });
+        }
+        b.broadcast(src_rank, Some(&bytes)).await?;
+        let valid = cx.span().span_context().is_valid();
+        Ok(valid.then(|| carrier.with_source_rank(src_rank)))
+    } else {
+        let bytes = b.broadcast(src_rank, None).await?;
+        if bytes.is_empty() {
+            return Err(Error::SourceFailed { root: src_rank });
+        }
+        let carrier = Carrier::decode(&bytes)?;
+        match (carrier.get(TRACEPARENT), carrier.has_span_context()) {
+            (_, true) => Ok(Some(carrier.with_source_rank(src_rank))),
+            (None, false) => Ok(None),
+            // The source only ever sends a valid traceparent, so this one was damaged.
+            (Some(tp), false) => Err(Error::Corrupt {
+                reason: format!("received an invalid traceparent {tp:?}"),
+            }),
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! The W3C carrier: what travels between ranks.
+
+mod json;
+pub mod w3c;
+
+use std::fmt;
+
+use opentelemetry::Context;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceState};
+use opentelemetry_sdk::propagation::BaggagePropagator;
+
+/// The `traceparent` key.
+pub const TRACEPARENT: &str = "traceparent";
+/// The `tracestate` key.
+pub const TRACESTATE: &str = "tracestate";
+/// The `baggage` key.
+pub const BAGGAGE: &str = "baggage";
+
+/// The environment variables of OpenTelemetry's environment-variable carrier, by key.
+const ENV_VARS: [(&str, &str); 3] = [
+    (TRACEPARENT, "TRACEPARENT"),
+    (TRACESTATE, "TRACESTATE"),
+    (BAGGAGE, "BAGGAGE"),
+];
+
+/// Why bytes could not be decoded into a [`Carrier`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CarrierError {
+    /// The input is larger than the limit.
+    #[error("{len} bytes is over the carrier limit of {limit} bytes")]
+    TooLarge {
+        /// Input length.
+        len: usize,
+        /// Limit in force.
+        limit: usize,
+    },
+    /// The input is not UTF-8.
+    #[error("invalid UTF-8 at byte {offset}")]
+    InvalidUtf8 {
+        /// First byte that is not valid UTF-8.
+        offset: usize,
+    },
+    /// The input ends early (truncated).
+    #[error("input ends early (truncated)")]
+    UnexpectedEnd,
+    /// The top-level JSON value is not an object.
+    #[error("top-level JSON value is not an object")]
+    NotAnObject,
+    /// A member's value is not a string.
+    #[error("value of {key:?} is not a string")]
+    NonStringValue {
+        /// The member's key.
+        key: String,
+    },
+    /// A key appears twice (ambiguous: which `traceparent` is meant?).
+    #[error("duplicate key {key:?}")]
+    DuplicateKey {
+        /// The repeated key.
+        key: String,
+    },
+    /// A malformed escape sequence (lone surrogates included).
+    #[error("invalid escape sequence at byte {offset}")]
+    InvalidEscape {
+        /// Where the escape starts.
+        offset: usize,
+    },
+    /// Something other than what JSON allows at this point.
+    #[error("syntax error at byte {offset}: expected {expected}")]
+    Syntax {
+        /// Where.
+        offset: usize,
+        /// What would have been valid.
+        expected: &'static str,
+    },
+    /// Bytes after the object.
+    #[error("trailing data at byte {offset}")]
+    TrailingData {
+        /// Where the trailing data starts.
+        offset: usize,
+    },
+}
+
+/// A W3C trace-context carrier: an insertion-ordered map of strings (`traceparent`,
+/// `tracestate`, `baggage`), the same dictionary NeMo Lens's Python module broadcasts.
+///
+/// It implements OpenTelemetry's [`Injector`] and [`Extractor`], encodes to the exact bytes
+/// of Python's `json.dumps(carrier).encode()`, and decodes any JSON object of strings.
+///
+/// Equality compares the entries only, not [`Carrier::source_rank`].
+///
+/// ```
+/// use lens_core::Carrier;
+///
+/// let bytes = br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03"}"#;
+/// let carrier = Carrier::decode(bytes)?;
+/// let sc = carrier.span_context().expect("valid traceparent");
+/// assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+/// assert_eq!(sc.trace_flags().to_u8(), 0x03); // all flag bits kept
+/// assert_eq!(carrier.encode(), bytes); // passed on exactly as received
+/// # Ok::<(), lens_core::CarrierError>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Carrier {
+    entries: Vec<(String, String)>,
+    source_rank: Option<usize>,
+}
+
+impl PartialEq for Carrier {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for Carrier {}
+
+impl fmt::Debug for Carrier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for (k, v) in &self.entries {
+            m.entry(k, v);
+        }
+        m.finish()
+    }
+}
+
+impl Carrier {
+    /// The carrier codec's default size limit: 16 KiB (W3C baggage alone may need 8 KiB).
+    pub const DEFAULT_MAX_LEN: usize = 16 * 1024;
+
+    /// An empty carrier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Injects `cx`'s span context (W3C Trace Context) and baggage (W3C Baggage).
+    ///
+    /// This uses the W3C formats directly, not the global propagator (a no-op unless an
+    /// application installed one). All eight trace-flag bits are written as the span context
+    /// holds them, and an empty `tracestate` is left out, as Python does.
+    pub fn from_context(cx: &Context) -> Self {
+        let mut carrier = Carrier::new();
+        let span = cx.span();
+        let sc = span.span_context();
+        if sc.is_valid() {
+            carrier.insert(
+                TRACEPARENT,
+                format!(
+                    "00-{}-{}-{:02x}",
+                    sc.trace_id(),
+                    sc.span_id(),
+                    sc.trace_flags().to_u8()
+                ),
+            );
+            let state = sc.trace_state().header();
+            if !state.is_empty() {
+                carrier.insert(TRACESTATE, state);
+            }
+        }
+        // Writes nothing when the context has no baggage.
+        BaggagePropagator::new().inject_context(cx, &mut carrier);
+        carrier
+    }
+
+    /// Extracts a [`Context`] holding the remote span context (when valid) and the baggage.
+    ///
+    /// Baggage is decoded per W3C: percent-decoding, where `+` is a plus sign. Python's
+    /// propagator writes a space as `+` (form encoding), so `team+a` from Python reads as
+    /// `team+a` here; use `%20` for spaces when both sides must agree.
+    pub fn context(&self) -> Context {
+        self.context_with(&Context::new())
+    }
+
+    /// Like [`Carrier::context`], on top of `base` instead of an empty context.
+    pub fn context_with(&self, base: &Context) -> Context {
+        let cx = match self.span_context() {
+            Some(sc) => base.with_remote_span_context(sc),
+            None => base.clone(),
+        };
+        if self.get(BAGGAGE).is_some() {
+            BaggagePropagator::new().extract_with_context(&cx, self)
+        } else {
+            cx
+        }
+    }
+
+    /// The remote span context, `Some` only when `traceparent` is valid by the W3C rules.
+    ///
+    /// An invalid `tracestate` is dropped (as the W3C rules say) and the span context kept.
+    pub fn span_context(&self) -> Option<SpanContext> {
+        let parent = w3c::parse_traceparent(self.get(TRACEPARENT)?).ok()?;
+        let state = self
+            .get(TRACESTATE)
+            .and_then(|h| w3c::parse_tracestate(h).ok())
+            .unwrap_or(TraceState::NONE);
+        Some(SpanContext::new(
+            parent.trace_id,
+            parent.span_id,
+            parent.flags,
+            true,
+            state,
+        ))
+    }
+
+    /// True when [`Carrier::span_context`] is `Some`.
+    pub fn has_span_context(&self) -> bool {
+        self.span_context().is_some()
+    }
+
+    /// Encodes as Python's `json.dumps(carrier).encode()` does: `", "` and `": "` separators,
+    /// non-ASCII and control characters as `\uXXXX`, insertion order kept.
+    pub fn encode(&self) -> Vec<u8> {
+        json::encode(self.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// Decodes a JSON object of string values, at most [`Carrier::DEFAULT_MAX_LEN`] bytes.
+    ///
+    /// # Errors
+    /// A [`CarrierError`] for anything else; it never panics, whatever the input.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CarrierError> {
+        Self::decode_with_limit(bytes, Self::DEFAULT_MAX_LEN)
+    }
+
+    /// [`Carrier::decode`] with a size limit of `limit` bytes.
+    ///
+    /// # Errors
+    /// As [`Carrier::decode`].
+    pub fn decode_with_limit(bytes: &[u8], limit: usize) -> Result<Self, CarrierError> {
+        Ok(Carrier {
+            entries: json::decode(bytes, limit)?,
+            source_rank: None,
+        })
+    }
+
+    /// Reads `TRACEPARENT`, `TRACESTATE` and `BAGGAGE` from the process environment
+    /// (OpenTelemetry's environment-variable carrier), so a launcher can start every rank
+    /// inside one trace without any collective. Unset or non-UTF-8 variables are skipped.
+    pub fn from_env() -> Self {
+        Self::from_env_with(|name| std::env::var(name).ok())
+    }
+
+    /// [`Carrier::from_env`] with a custom variable lookup (for tests, or a launcher that
+    /// holds the child's environment in a map).
+    pub fn from_env_with(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let mut carrier = Carrier::new();
+        for (key, var) in ENV_VARS {
+            if let Some(value) = lookup(var) {
+                carrier.insert(key, value);
+            }
+        }
+        carrier
+    }
+
+    /// The environment variables that carry this carrier into a child process:
+    /// `TRACEPARENT`, `TRACESTATE`, `BAGGAGE` for the keys present.
+    ///
+    /// ```
+    /// # use lens_core::Carrier;
+    /// let mut carrier = Carrier::new();
+    /// carrier.insert("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// let mut cmd = std::process::Command::new("true");
+    /// cmd.envs(carrier.to_env());
+    /// ```
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        ENV_VARS
+            .iter()
+            .filter_map(|(key, var)| self.get(key).map(|v| (*var, v.to_owned())))
+            .collect()
+    }
+
+    /// The value stored under `key` (exact match first, then ASCII case-insensitive, as
+    /// header names are).
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .or_else(|| {
+                self.entries
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            })
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets `key` to `value`, in place if present, else at the end.
+    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        let (key, value) = (key.into(), value.into());
+        match self.entries.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.entries.push((key, value)),
+        }
+    }
+
+    /// Removes `key`, returning its value.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        let at = self.entries.iter().position(|(k, _)| k == key)?;
+        Some(self.entries.remove(at).1)
+    }
+
+    /// The entries in insertion order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The rank this carrier was broadcast from, when it came from a broadcast.
+    pub fn source_rank(&self) -> Option<usize> {
+        self.source_rank
+    }
+
+    /// Records the rank this carrier came from (used for link attributes).
+    pub fn with_source_rank(mut self, rank: usize) -> Self {
+        self.source_rank = Some(rank);
+        self
+    }
+}
+
+impl Injector for Carrier {
+    fn set(&mut self, key: &str, value: String) {
+        self.insert(key, value);
+    }
+}
+
+impl Extractor for Carrier {
+    fn get(&self, key: &str) -> Option<&str> {
+        Carrier::get(self, key)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.entries.iter().map(|(k, _)| k.as_str()).collect()
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Carrier {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut carrier = Carrier::new();
+        for (k, v) in iter {
+            carrier.insert(k, v);
+        }
+        carrier
+    }
+}

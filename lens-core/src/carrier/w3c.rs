@@ -1,0 +1,210 @@
+//! Strict W3C Trace Context parsing.
+//!
+//! `opentelemetry_sdk`'s propagator accepts headers the W3C rules reject (short ids, a
+//! leading `+`, one-digit fields) and keeps only the sampled bit of the flags, so lens parses
+//! `traceparent` and `tracestate` itself and hands the SDK only what the rules allow.
+
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+
+/// A parsed, valid `traceparent` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// The header's version; `0x00` today, `0xff` is never valid.
+    pub version: u8,
+    /// The trace id (never all zeros).
+    pub trace_id: TraceId,
+    /// The parent span id (never all zeros).
+    pub span_id: SpanId,
+    /// All eight flag bits as received (`0x01` sampled, `0x02` random).
+    pub flags: TraceFlags,
+}
+
+/// Why a `traceparent` header was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceParentError {
+    /// Shorter than the 55 characters of version 00.
+    #[error("too short: {0} characters, at least 55 are needed")]
+    TooShort(usize),
+    /// A field is not separated by `-`.
+    #[error("missing '-' separator at offset {0}")]
+    Separator(usize),
+    /// A field holds something other than lowercase hex digits.
+    #[error("{0} is not lowercase hex")]
+    NotLowerHex(&'static str),
+    /// Version `ff` is forbidden.
+    #[error("version ff is forbidden")]
+    ForbiddenVersion,
+    /// Version 00 with anything after the flags.
+    #[error("version 00 must be exactly 55 characters, got {0}")]
+    TrailingData(usize),
+    /// The trace id is all zeros.
+    #[error("trace id is all zeros")]
+    ZeroTraceId,
+    /// The parent id is all zeros.
+    #[error("parent id is all zeros")]
+    ZeroSpanId,
+}
+
+/// Why a `tracestate` header was rejected (W3C: drop the whole header, keep traceparent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceStateError {
+    /// More than 32 list members.
+    #[error("{0} list members, at most 32 are allowed")]
+    TooManyMembers(usize),
+    /// A member without `=`.
+    #[error("list member {0:?} has no '='")]
+    MissingEquals(String),
+    /// A key outside the key grammar.
+    #[error("invalid key {0:?}")]
+    InvalidKey(String),
+    /// A value outside the value grammar.
+    #[error("invalid value {0:?}")]
+    InvalidValue(String),
+    /// The same key twice.
+    #[error("duplicate key {0:?}")]
+    DuplicateKey(String),
+}
+
+const OWS: &[char] = &[' ', '\t'];
+
+fn lower_hex(s: &str, what: &'static str) -> Result<(), TraceParentError> {
+    if s.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(TraceParentError::NotLowerHex(what))
+    }
+}
+
+/// Parses a `traceparent` header by the W3C rules (surrounding spaces and tabs allowed).
+///
+/// # Errors
+/// A [`TraceParentError`] naming the first rule broken.
+pub fn parse_traceparent(header: &str) -> Result<TraceParent, TraceParentError> {
+    let h = header.trim_matches(OWS);
+    if h.len() < 55 {
+        return Err(TraceParentError::TooShort(h.len()));
+    }
+    if !h.as_bytes()[..55].is_ascii() {
+        return Err(TraceParentError::NotLowerHex("traceparent"));
+    }
+    for at in [2, 35, 52] {
+        if h.as_bytes()[at] != b'-' {
+            return Err(TraceParentError::Separator(at));
+        }
+    }
+    let (version, trace_id, span_id, flags) = (&h[0..2], &h[3..35], &h[36..52], &h[53..55]);
+    lower_hex(version, "version")?;
+    lower_hex(trace_id, "trace id")?;
+    lower_hex(span_id, "parent id")?;
+    lower_hex(flags, "flags")?;
+    let version =
+        u8::from_str_radix(version, 16).map_err(|_| TraceParentError::NotLowerHex("version"))?;
+    if version == 0xff {
+        return Err(TraceParentError::ForbiddenVersion);
+    }
+    if version == 0 && h.len() != 55 {
+        return Err(TraceParentError::TrailingData(h.len()));
+    }
+    // A later version may append fields, each after a '-'.
+    if h.len() > 55 && h.as_bytes()[55] != b'-' {
+        return Err(TraceParentError::Separator(55));
+    }
+    let trace_id =
+        TraceId::from_hex(trace_id).map_err(|_| TraceParentError::NotLowerHex("trace id"))?;
+    let span_id =
+        SpanId::from_hex(span_id).map_err(|_| TraceParentError::NotLowerHex("parent id"))?;
+    if trace_id == TraceId::INVALID {
+        return Err(TraceParentError::ZeroTraceId);
+    }
+    if span_id == SpanId::INVALID {
+        return Err(TraceParentError::ZeroSpanId);
+    }
+    let flags =
+        u8::from_str_radix(flags, 16).map_err(|_| TraceParentError::NotLowerHex("flags"))?;
+    Ok(TraceParent {
+        version,
+        trace_id,
+        span_id,
+        flags: TraceFlags::new(flags),
+    })
+}
+
+fn key_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'*' | b'/')
+}
+
+fn valid_key(key: &str) -> bool {
+    let b = key.as_bytes();
+    match key.split_once('@') {
+        None => {
+            // simple-key = lcalpha 0*255(lcalpha / DIGIT / "_" / "-" / "*" / "/")
+            !b.is_empty()
+                && b.len() <= 256
+                && b[0].is_ascii_lowercase()
+                && b.iter().all(|&c| key_char(c))
+        }
+        Some((tenant, system)) => {
+            // tenant-id "@" system-id
+            let (t, s) = (tenant.as_bytes(), system.as_bytes());
+            !t.is_empty()
+                && t.len() <= 241
+                && (t[0].is_ascii_lowercase() || t[0].is_ascii_digit())
+                && t.iter().all(|&c| key_char(c))
+                && !s.is_empty()
+                && s.len() <= 14
+                && s[0].is_ascii_lowercase()
+                && s.iter().all(|&c| key_char(c))
+        }
+    }
+}
+
+fn valid_value(value: &str) -> bool {
+    // value = 0*255(chr) nblk-chr; chr = %x20 / nblk-chr; nblk-chr = %x21-7E minus ',' and '='
+    let b = value.as_bytes();
+    !b.is_empty()
+        && b.len() <= 256
+        && b.iter()
+            .all(|&c| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=')
+        && b[b.len() - 1] != b' '
+}
+
+/// Parses a `tracestate` header by the W3C rules: at most 32 members, no duplicate keys,
+/// keys and values within their grammar, empty members and spaces around members allowed.
+///
+/// # Errors
+/// A [`TraceStateError`] naming the first rule broken.
+pub fn parse_tracestate(header: &str) -> Result<TraceState, TraceStateError> {
+    let mut members: Vec<(&str, &str)> = Vec::new();
+    for member in header.split(',') {
+        let member = member.trim_matches(OWS);
+        if member.is_empty() {
+            continue;
+        }
+        let (key, value) = member
+            .split_once('=')
+            .ok_or_else(|| TraceStateError::MissingEquals(member.to_owned()))?;
+        if !valid_key(key) {
+            return Err(TraceStateError::InvalidKey(key.to_owned()));
+        }
+        if !valid_value(value) {
+            return Err(TraceStateError::InvalidValue(value.to_owned()));
+        }
+        if members.iter().any(|(k, _)| *k == key) {
+            return Err(TraceStateError::DuplicateKey(key.to_owned()));
+        }
+        members.push((key, value));
+        if members.len() > 32 {
+            let total = header
+                .split(',')
+                .filter(|m| !m.trim_matches(OWS).is_empty())
+                .count();
+            return Err(TraceStateError::TooManyMembers(total));
+        }
+    }
+    // Every member passed the stricter W3C checks above, so the SDK accepts them all.
+    TraceState::from_key_value(members).map_err(|e| TraceStateError::InvalidKey(e.to_string()))
+}

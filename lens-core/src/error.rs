@@ -1,0 +1,149 @@
+//! The error type every lens API returns.
+
+use std::time::Duration;
+
+use crate::carrier::CarrierError;
+
+/// A boxed error kept as the source of a backend failure.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a broadcast, a decode or a backend.
+///
+/// Errors are values: no lens API panics on bad input or a failed peer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The root rank is not a rank of this group.
+    #[error("root rank {root} is out of range for a group of {world_size} rank(s)")]
+    InvalidRoot {
+        /// The root that was asked for.
+        root: usize,
+        /// The size of the group.
+        world_size: usize,
+    },
+
+    /// The root of a broadcast passed no payload.
+    #[error("rank {rank} is the root of this broadcast but passed no payload")]
+    MissingPayload {
+        /// The root rank.
+        rank: usize,
+    },
+
+    /// The payload is larger than the backend (or the carrier codec) accepts.
+    #[error("payload of {len} bytes is over the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit in force.
+        limit: usize,
+    },
+
+    /// Some ranks did not take part in a collective within the deadline.
+    #[error("timed out after {after:?} waiting for rank(s) {missing:?}")]
+    Timeout {
+        /// How long this rank waited.
+        after: Duration,
+        /// The ranks that had not shown up when the deadline passed.
+        missing: Vec<usize>,
+    },
+
+    /// The bytes received are not a valid carrier.
+    #[error("received carrier is corrupt: {0}")]
+    Decode(#[from] CarrierError),
+
+    /// A frame failed a backend's integrity or protocol checks.
+    #[error("corrupt frame: {reason}")]
+    Corrupt {
+        /// What was wrong with it.
+        reason: String,
+    },
+
+    /// A frame failed authentication.
+    #[error("unauthenticated frame: {reason}")]
+    Unauthenticated {
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The ranks of a group disagree about a collective (different roots, say).
+    #[error("ranks disagree about the collective: {reason}")]
+    Mismatch {
+        /// What they disagree about.
+        reason: String,
+    },
+
+    /// The source rank failed before it could send its trace context; every other rank
+    /// gets this instead of waiting for a timeout.
+    #[error("source rank {root} failed to send its trace context")]
+    SourceFailed {
+        /// The source rank.
+        root: usize,
+    },
+
+    /// A backend cannot run on this machine (a library or a device is missing).
+    #[error("{backend} backend is unavailable: {reason}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why it cannot run.
+        reason: String,
+    },
+
+    /// Configuration or environment is invalid.
+    #[error("invalid configuration: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The group was shut down or one of its members went away.
+    #[error("{backend} group is closed: {reason}")]
+    Closed {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why.
+        reason: String,
+    },
+
+    /// A transport failed; the backend's own error is kept as the source.
+    #[error("{backend} transport error: {message}")]
+    Transport {
+        /// The backend's name.
+        backend: &'static str,
+        /// What failed.
+        message: String,
+        /// The backend's own error.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl Error {
+    /// Builds a [`Error::Config`].
+    pub fn config(reason: impl Into<String>) -> Self {
+        Error::Config {
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds a [`Error::Transport`] that keeps `source`.
+    pub fn transport(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Transport {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+}

@@ -1,0 +1,208 @@
+//! A broadcaster made of two: one among node leaders, one inside each node.
+
+use crate::broadcaster::{Broadcaster, check_broadcast_args};
+use crate::error::{Error, Result};
+
+/// Which global ranks live on which node.
+///
+/// `nodes[n]` lists node `n`'s global ranks in local-rank order; local rank 0 is the
+/// node's leader. Every global rank `0..world_size` appears exactly once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLayout {
+    nodes: Vec<Vec<usize>>,
+    // global rank -> (node, local rank)
+    place: Vec<(usize, usize)>,
+}
+
+impl NodeLayout {
+    /// A layout from explicit per-node rank lists.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when a node is empty or the ranks are not exactly `0..world_size`.
+    pub fn new(nodes: Vec<Vec<usize>>) -> Result<Self> {
+        let world_size: usize = nodes.iter().map(Vec::len).sum();
+        let mut place = vec![None; world_size];
+        for (n, ranks) in nodes.iter().enumerate() {
+            if ranks.is_empty() {
+                return Err(Error::config(format!("node {n} has no ranks")));
+            }
+            for (local, &global) in ranks.iter().enumerate() {
+                match place.get_mut(global) {
+                    Some(slot @ None) => *slot = Some((n, local)),
+                    Some(Some(_)) => {
+                        return Err(Error::config(format!("rank {global} is on two nodes")));
+                    }
+                    None => {
+                        return Err(Error::config(format!(
+                            "rank {global} is out of range for {world_size} rank(s)"
+                        )));
+                    }
+                }
+            }
+        }
+        let place = place.into_iter().flatten().collect();
+        Ok(NodeLayout { nodes, place })
+    }
+
+    /// `world_size` ranks in blocks of `per_node` consecutive ranks (the last may be short).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when either number is zero.
+    pub fn uniform(world_size: usize, per_node: usize) -> Result<Self> {
+        if world_size == 0 || per_node == 0 {
+            return Err(Error::config(
+                "world size and ranks per node must be positive",
+            ));
+        }
+        let nodes = (0..world_size)
+            .collect::<Vec<_>>()
+            .chunks(per_node)
+            .map(<[usize]>::to_vec)
+            .collect();
+        Self::new(nodes)
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.place.len()
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The global ranks of node `node`.
+    pub fn node(&self, node: usize) -> Option<&[usize]> {
+        self.nodes.get(node).map(Vec::as_slice)
+    }
+
+    /// `(node, local rank)` of a global rank.
+    pub fn place(&self, rank: usize) -> Option<(usize, usize)> {
+        self.place.get(rank).copied()
+    }
+}
+
+/// Broadcasts across nodes with `leaders` (one rank per node, say TCP or MPI between hosts)
+/// and inside each node with `local` (say NCCL or shared memory).
+///
+/// Any rank can be the root: the root's node first hands the payload to its leader (when the
+/// root is not the leader), the leaders broadcast from the root's node, then every other node
+/// broadcasts from its leader. Each sub-group sees its collectives in the same order on all
+/// its members, as the trait requires.
+pub struct Hierarchical<L, G> {
+    layout: NodeLayout,
+    rank: usize,
+    node: usize,
+    local: L,
+    leaders: Option<G>,
+}
+
+impl<L: Broadcaster, G: Broadcaster> Hierarchical<L, G> {
+    /// Joins node `node`'s `local` group and, on the node's leader (local rank 0), the
+    /// `leaders` group (`None` elsewhere).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the groups do not match `layout`: the local group's size is
+    /// not the node's, a leader without `leaders` (or a non-leader with it), or the leaders
+    /// group's size or rank is not the node count or node index.
+    pub fn new(layout: NodeLayout, node: usize, local: L, leaders: Option<G>) -> Result<Self> {
+        let ranks = layout
+            .node(node)
+            .ok_or_else(|| Error::config(format!("node {node} is not in the layout")))?;
+        if local.world_size() != ranks.len() || local.rank() >= ranks.len() {
+            return Err(Error::config(format!(
+                "node {node} has {} rank(s) but its local group has {} (this is rank {})",
+                ranks.len(),
+                local.world_size(),
+                local.rank()
+            )));
+        }
+        let is_leader = local.rank() == 0;
+        match (&leaders, is_leader) {
+            (Some(g), true) => {
+                if g.world_size() != layout.node_count() || g.rank() != node {
+                    return Err(Error::config(format!(
+                        "leaders group is rank {} of {}, expected rank {node} of {}",
+                        g.rank(),
+                        g.world_size(),
+                        layout.node_count()
+                    )));
+                }
+            }
+            (None, false) => {}
+            (None, true) => {
+                return Err(Error::config(
+                    "the node leader (local rank 0) needs the leaders group",
+                ));
+            }
+            (Some(_), false) => {
+                return Err(Error::config(
+                    "only the node leader (local rank 0) joins the leaders group",
+                ));
+            }
+        }
+        let rank = ranks[local.rank()];
+        Ok(Hierarchical {
+            layout,
+            rank,
+            node,
+            local,
+            leaders,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &NodeLayout {
+        &self.layout
+    }
+}
+
+#[async_trait::async_trait]
+impl<L: Broadcaster, G: Broadcaster> Broadcaster for Hierarchical<L, G> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.layout.world_size()
+    }
+
+    fn max_payload(&self) -> usize {
+        let leaders = self
+            .leaders
+            .as_ref()
+            .map_or(usize::MAX, Broadcaster::max_payload);
+        self.local.max_payload().min(leaders)
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let payload = check_broadcast_args(self, root, payload)?;
+        let (root_node, root_local) = self.layout.place(root).ok_or(Error::InvalidRoot {
+            root,
+            world_size: self.world_size(),
+        })?;
+        let on_root_node = self.node == root_node;
+        let mut data: Option<Vec<u8>> = payload.map(<[u8]>::to_vec);
+
+        // 1. Inside the root's node, the root hands the payload to everyone there (its
+        //    leader included) when it is not the leader itself.
+        if on_root_node && root_local != 0 {
+            data = Some(self.local.broadcast(root_local, data.as_deref()).await?);
+        }
+        // 2. Among leaders, from the root's node.
+        if let Some(leaders) = &self.leaders {
+            let out = leaders.broadcast(root_node, data.as_deref()).await?;
+            data = Some(out);
+        }
+        // 3. Every other node spreads it from its leader. On the root's node everyone has
+        //    it already: from step 1, or the root was the leader and step 3 runs there.
+        if !on_root_node || root_local == 0 {
+            let payload = (self.local.rank() == 0).then_some(()).and(data.as_deref());
+            data = Some(self.local.broadcast(0, payload).await?);
+        }
+        data.ok_or_else(|| Error::Corrupt {
+            reason: "hierarchical broadcast produced no payload".into(),
+        })
+    }
+}

@@ -1,0 +1,276 @@
+//! Spans linked to a span on another rank.
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+
+use crate::carrier::Carrier;
+
+/// Attribute names lens writes.
+pub mod attributes {
+    /// On a link: the rank the linked span context was broadcast from.
+    pub const LINK_SOURCE_RANK: &str = "lens.link.source_rank";
+    /// On a link: how the remote context arrived (`"broadcast"`, `"carrier"`, `"context"`).
+    pub const LINK_SOURCE: &str = "lens.link.source";
+}
+
+/// The remote span a linked span points to: made from a [`Context`], a [`Carrier`] (as
+/// [`crate::broadcast_trace_context`] returns), an `Option<Carrier>` or a [`SpanContext`].
+///
+/// An invalid or absent remote is not an error: the span is then created without a link,
+/// as in Python.
+#[derive(Debug, Clone, Default)]
+pub struct Remote {
+    span_context: Option<SpanContext>,
+    source_rank: Option<usize>,
+    origin: &'static str,
+}
+
+impl Remote {
+    /// No remote: the span gets no link.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    fn from_span_context(sc: SpanContext, origin: &'static str) -> Self {
+        Remote {
+            span_context: sc.is_valid().then_some(sc),
+            source_rank: None,
+            origin,
+        }
+    }
+
+    /// Records the rank the remote context came from (a link attribute).
+    pub fn with_source_rank(mut self, rank: usize) -> Self {
+        self.source_rank = Some(rank);
+        self
+    }
+
+    /// The remote span context, when valid.
+    pub fn span_context(&self) -> Option<&SpanContext> {
+        self.span_context.as_ref()
+    }
+
+    /// The source rank, when known.
+    pub fn source_rank(&self) -> Option<usize> {
+        self.source_rank
+    }
+}
+
+impl From<SpanContext> for Remote {
+    fn from(sc: SpanContext) -> Self {
+        Remote::from_span_context(sc, "span_context")
+    }
+}
+
+impl From<&Context> for Remote {
+    fn from(cx: &Context) -> Self {
+        Remote::from_span_context(cx.span().span_context().clone(), "context")
+    }
+}
+
+impl From<Context> for Remote {
+    fn from(cx: Context) -> Self {
+        Remote::from(&cx)
+    }
+}
+
+impl From<&Carrier> for Remote {
+    fn from(c: &Carrier) -> Self {
+        let origin = if c.source_rank().is_some() {
+            "broadcast"
+        } else {
+            "carrier"
+        };
+        Remote {
+            span_context: c.span_context(),
+            source_rank: c.source_rank(),
+            origin,
+        }
+    }
+}
+
+impl From<Carrier> for Remote {
+    fn from(c: Carrier) -> Self {
+        Remote::from(&c)
+    }
+}
+
+impl<T: Into<Remote>> From<Option<T>> for Remote {
+    fn from(o: Option<T>) -> Self {
+        o.map(Into::into).unwrap_or_default()
+    }
+}
+
+impl From<&Option<Carrier>> for Remote {
+    fn from(o: &Option<Carrier>) -> Self {
+        o.as_ref().map(Remote::from).unwrap_or_default()
+    }
+}
+
+/// Which span a linked span is the child of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Parent {
+    /// The local current span (as Python does); the remote is only linked.
+    #[default]
+    Current,
+    /// The remote span: every rank then shares the source's trace id, so the whole job is
+    /// one trace. Falls back to the current span when the remote is absent or invalid.
+    Remote,
+    /// No parent: a new trace, linked to the remote.
+    Root,
+}
+
+/// Starts a span linked to `remote`, a child of the current span, with `attributes`.
+///
+/// Links and attributes are given at creation, so samplers see them. Shorthand for
+/// [`LinkedSpan::builder`].
+///
+/// ```
+/// use lens_core::{create_linked_span, Carrier};
+/// use opentelemetry::{trace::TracerProvider as _, KeyValue};
+/// use opentelemetry_sdk::trace::SdkTracerProvider;
+///
+/// let tracer = SdkTracerProvider::builder().build().tracer("doc");
+/// let carrier = Carrier::decode(
+///     br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+/// )?;
+/// let _span = create_linked_span(&tracer, "pp.recv_forward.linked", &carrier,
+///     vec![KeyValue::new("pp.stage", 1)]);
+/// # Ok::<(), lens_core::CarrierError>(())
+/// ```
+pub fn create_linked_span<T: Tracer>(
+    tracer: &T,
+    name: impl Into<Cow<'static, str>>,
+    remote: impl Into<Remote>,
+    attributes: Vec<KeyValue>,
+) -> T::Span {
+    LinkedSpan::builder(name)
+        .remote(remote)
+        .attributes(attributes)
+        .start(tracer)
+}
+
+/// Namespace for [`LinkedSpan::builder`].
+#[derive(Debug)]
+pub struct LinkedSpan(());
+
+impl LinkedSpan {
+    /// A builder for a span named `name`.
+    ///
+    /// ```
+    /// use lens_core::{LinkedSpan, Parent, Remote};
+    /// use opentelemetry::trace::{SpanKind, TracerProvider as _};
+    /// use opentelemetry::KeyValue;
+    /// use opentelemetry_sdk::trace::SdkTracerProvider;
+    ///
+    /// let tracer = SdkTracerProvider::builder().build().tracer("doc");
+    /// let _span = LinkedSpan::builder("pp.recv_forward.linked")
+    ///     .remote(Remote::none())
+    ///     .kind(SpanKind::Consumer)
+    ///     .parent(Parent::Remote)
+    ///     .attributes([KeyValue::new("pp.stage", 2)])
+    ///     .link_attributes([KeyValue::new("pp.microbatch", 0)])
+    ///     .start(&tracer);
+    /// ```
+    pub fn builder(name: impl Into<Cow<'static, str>>) -> LinkedSpanBuilder {
+        LinkedSpanBuilder {
+            name: name.into(),
+            remote: Remote::none(),
+            attributes: Vec::new(),
+            link_attributes: Vec::new(),
+            kind: SpanKind::Internal,
+            parent: Parent::Current,
+            start_time: None,
+        }
+    }
+}
+
+/// Builds a span linked to a remote span; see [`LinkedSpan::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct LinkedSpanBuilder {
+    name: Cow<'static, str>,
+    remote: Remote,
+    attributes: Vec<KeyValue>,
+    link_attributes: Vec<KeyValue>,
+    kind: SpanKind,
+    parent: Parent,
+    start_time: Option<SystemTime>,
+}
+
+impl LinkedSpanBuilder {
+    /// The remote span to link to.
+    pub fn remote(mut self, remote: impl Into<Remote>) -> Self {
+        self.remote = remote.into();
+        self
+    }
+
+    /// Span attributes (added to those given before).
+    pub fn attributes(mut self, attributes: impl IntoIterator<Item = KeyValue>) -> Self {
+        self.attributes.extend(attributes);
+        self
+    }
+
+    /// Extra link attributes, besides the source rank lens adds.
+    pub fn link_attributes(mut self, attributes: impl IntoIterator<Item = KeyValue>) -> Self {
+        self.link_attributes.extend(attributes);
+        self
+    }
+
+    /// The span kind (default [`SpanKind::Internal`]).
+    pub fn kind(mut self, kind: SpanKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The parent (default [`Parent::Current`]).
+    pub fn parent(mut self, parent: Parent) -> Self {
+        self.parent = parent;
+        self
+    }
+
+    /// An explicit start time.
+    pub fn start_time(mut self, t: SystemTime) -> Self {
+        self.start_time = Some(t);
+        self
+    }
+
+    /// Starts the span with `tracer`, the parent taken from the current context.
+    pub fn start<T: Tracer>(self, tracer: &T) -> T::Span {
+        let current = Context::current();
+        self.start_with_context(tracer, &current)
+    }
+
+    /// Starts the span with `tracer`, using `cx` as the "current" context.
+    pub fn start_with_context<T: Tracer>(self, tracer: &T, cx: &Context) -> T::Span {
+        let mut links = Vec::new();
+        if let Some(sc) = &self.remote.span_context {
+            let mut attrs = Vec::with_capacity(2 + self.link_attributes.len());
+            if let Some(rank) = self.remote.source_rank {
+                attrs.push(KeyValue::new(
+                    attributes::LINK_SOURCE_RANK,
+                    i64::try_from(rank).unwrap_or(i64::MAX),
+                ));
+            }
+            attrs.push(KeyValue::new(attributes::LINK_SOURCE, self.remote.origin));
+            attrs.extend(self.link_attributes);
+            links.push(Link::new(sc.clone(), attrs, 0));
+        }
+        let parent_cx = match (self.parent, &self.remote.span_context) {
+            (Parent::Remote, Some(sc)) => cx.with_remote_span_context(sc.clone()),
+            (Parent::Root, _) => Context::new(),
+            _ => cx.clone(),
+        };
+        let mut builder = tracer
+            .span_builder(self.name)
+            .with_kind(self.kind)
+            .with_attributes(self.attributes)
+            .with_links(links);
+        builder.start_time = self.start_time;
+        tracer.build_with_context(builder, &parent_cx)
+    }
+}

@@ -1,0 +1,267 @@
+//! The conformance suite every backend runs.
+//!
+//! [`run_rank`] is the script of one rank: every rank of a group calls it at the same time
+//! (threads, tasks or processes: MPI and multi-process TCP tests run it once per process).
+//! [`run_group`] runs it on every rank of an in-process group. Each case is deterministic
+//! and checks the exact bytes every rank receives, so cross-talk between rounds, a wrong
+//! root or a truncated payload all fail.
+
+use std::sync::Arc;
+
+use lens_core::{Broadcaster, Carrier, Error, broadcast_context};
+use opentelemetry::Context;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+
+/// Which cases to run.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// Rounds of the "many rounds" case (default 1,000).
+    pub rounds: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { rounds: 1000 }
+    }
+}
+
+impl Options {
+    /// Sets the rounds of the "many rounds" case.
+    pub fn rounds(mut self, rounds: usize) -> Self {
+        self.rounds = rounds;
+        self
+    }
+}
+
+/// A failed conformance case.
+#[derive(Debug, thiserror::Error)]
+#[error("conformance case {case:?} failed on rank {rank}: {detail}")]
+pub struct Failure {
+    /// The case.
+    pub case: &'static str,
+    /// The rank that saw it.
+    pub rank: usize,
+    /// What went wrong.
+    pub detail: String,
+}
+
+/// The payload of round `round` from `root`: its size and bytes depend on both, so a payload
+/// delivered in the wrong round or from the wrong root is caught.
+pub fn pattern(round: usize, root: usize, len: usize) -> Vec<u8> {
+    let seed = (round as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (root as u64).wrapping_mul(0xff51_afd7);
+    (0..len)
+        .map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8))
+        .collect()
+}
+
+fn round_len(round: usize, max: usize) -> usize {
+    let len = match round % 50 {
+        0 => 0,
+        7 => 4096 + round % 977,
+        _ => (round * 37) % 700,
+    };
+    len.min(max)
+}
+
+struct Case<'a> {
+    b: &'a dyn Broadcaster,
+    name: &'static str,
+}
+
+impl Case<'_> {
+    fn fail(&self, detail: impl Into<String>) -> Failure {
+        Failure {
+            case: self.name,
+            rank: self.b.rank(),
+            detail: detail.into(),
+        }
+    }
+
+    /// One round from `root` of `want`; checks every rank gets exactly `want`.
+    async fn round(&self, root: usize, want: &[u8], extra: Option<&[u8]>) -> Result<(), Failure> {
+        let payload = if self.b.rank() == root {
+            Some(want)
+        } else {
+            extra
+        };
+        let got = self
+            .b
+            .broadcast(root, payload)
+            .await
+            .map_err(|e| self.fail(format!("broadcast from root {root} failed: {e}")))?;
+        if got != want {
+            return Err(self.fail(format!(
+                "from root {root}: expected {} bytes, got {} bytes{}",
+                want.len(),
+                got.len(),
+                if got.len() == want.len() {
+                    " with different content"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The carrier the "trace context" case broadcasts.
+pub fn sample_context() -> Context {
+    let sc = SpanContext::new(
+        TraceId::from_bytes(*b"lens-conformance"),
+        SpanId::from_bytes(*b"span-id!"),
+        TraceFlags::new(0x03),
+        false,
+        TraceState::from_key_value([("lens", "conformance")]).unwrap_or_default(),
+    );
+    Context::new().with_remote_span_context(sc)
+}
+
+/// Runs the suite as one rank of `b`'s group. Every rank must call it at the same time.
+///
+/// # Errors
+/// The first case that failed on this rank.
+pub async fn run_rank(b: &dyn Broadcaster, opts: &Options) -> Result<(), Failure> {
+    let n = b.world_size();
+    let me = b.rank();
+    let max = b.max_payload();
+
+    let case = Case {
+        b,
+        name: "identity",
+    };
+    if me >= n || n == 0 {
+        return Err(case.fail(format!("rank {me} of {n}")));
+    }
+    if max < Carrier::DEFAULT_MAX_LEN {
+        return Err(case.fail(format!(
+            "max_payload {max} is below the carrier limit {}",
+            Carrier::DEFAULT_MAX_LEN
+        )));
+    }
+
+    // Rejected calls come first: they must not consume a round, which the later cases check.
+    let case = Case {
+        b,
+        name: "invalid root",
+    };
+    match b.broadcast(n, Some(b"x")).await {
+        Err(Error::InvalidRoot { root, world_size }) if root == n && world_size == n => {}
+        other => return Err(case.fail(format!("expected InvalidRoot, got {other:?}"))),
+    }
+    if me == 0 {
+        let case = Case {
+            b,
+            name: "root without payload",
+        };
+        match b.broadcast(0, None).await {
+            Err(Error::MissingPayload { rank: 0 }) => {}
+            other => return Err(case.fail(format!("expected MissingPayload, got {other:?}"))),
+        }
+        let case = Case {
+            b,
+            name: "oversized payload",
+        };
+        let big = vec![0u8; max + 1];
+        match b.broadcast(0, Some(&big)).await {
+            Err(Error::PayloadTooLarge { len, limit }) if len == max + 1 && limit == max => {}
+            other => return Err(case.fail(format!("expected PayloadTooLarge, got {other:?}"))),
+        }
+    }
+
+    let case = Case {
+        b,
+        name: "every root",
+    };
+    for root in 0..n {
+        case.round(root, &pattern(root, root, 64 + root), None)
+            .await?;
+    }
+
+    let case = Case {
+        b,
+        name: "empty payload",
+    };
+    case.round(0, &[], None).await?;
+
+    let case = Case {
+        b,
+        name: "maximum payload",
+    };
+    case.round(n - 1, &pattern(1, n - 1, max), None).await?;
+
+    let case = Case {
+        b,
+        name: "non-root payload ignored",
+    };
+    case.round(0, &pattern(2, 0, 100), Some(b"not the root's bytes"))
+        .await?;
+
+    let case = Case {
+        b,
+        name: "many rounds",
+    };
+    for round in 0..opts.rounds {
+        let root = (round * 7 + round / n) % n;
+        let want = pattern(round, root, round_len(round, max));
+        case.round(root, &want, None).await?;
+    }
+
+    let case = Case {
+        b,
+        name: "trace context",
+    };
+    let cx = sample_context();
+    let got = broadcast_context(b, n / 2, &cx)
+        .await
+        .map_err(|e| case.fail(format!("broadcast_context failed: {e}")))?
+        .ok_or_else(|| case.fail("no carrier"))?;
+    let sc = got
+        .span_context()
+        .ok_or_else(|| case.fail("carrier without span context"))?;
+    let want = cx.span().span_context().clone();
+    if (
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags(),
+        sc.trace_state().header(),
+    ) != (
+        want.trace_id(),
+        want.span_id(),
+        want.trace_flags(),
+        want.trace_state().header(),
+    ) {
+        return Err(case.fail(format!("got {sc:?}, expected {want:?}")));
+    }
+    if got.source_rank() != Some(n / 2) {
+        return Err(case.fail(format!(
+            "source rank {:?}, expected {}",
+            got.source_rank(),
+            n / 2
+        )));
+    }
+    Ok(())
+}
+
+/// Runs [`run_rank`] on every rank of an in-process group at once.
+///
+/// # Errors
+/// Every failure, one per failing rank.
+pub async fn run_group(
+    group: Vec<Arc<dyn Broadcaster>>,
+    opts: &Options,
+) -> Result<(), Vec<Failure>> {
+    let runs = group.iter().map(|b| run_rank(&**b, opts));
+    let failures: Vec<Failure> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures)
+    }
+}

@@ -1,0 +1,102 @@
+//! Fault injection around any [`Broadcaster`].
+
+use std::time::Duration;
+
+use lens_core::{Broadcaster, Result};
+
+/// How a [`Fault::Corrupt`] damages the bytes a rank receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Corruption {
+    /// Keep only the first half (a truncated frame).
+    Truncate,
+    /// Replace every byte with `0xff` (never valid UTF-8).
+    Garbage,
+    /// Flip the first byte, so the JSON no longer starts with `{`.
+    FlipFirstByte,
+}
+
+impl Corruption {
+    /// Applies the damage to `bytes`.
+    pub fn apply(self, bytes: &mut Vec<u8>) {
+        match self {
+            Corruption::Truncate => bytes.truncate(bytes.len() / 2),
+            Corruption::Garbage => bytes.iter_mut().for_each(|b| *b = 0xff),
+            Corruption::FlipFirstByte => {
+                if let Some(b) = bytes.first_mut() {
+                    *b ^= 0x80;
+                }
+            }
+        }
+    }
+}
+
+/// A fault for [`Faulty`] to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Sleep this long before every broadcast (a slow rank).
+    Delay(Duration),
+    /// Damage the bytes this rank receives when it is not the root.
+    Corrupt(Corruption),
+}
+
+/// A broadcaster that injects [`Fault`]s around an inner one.
+///
+/// ```
+/// use std::time::Duration;
+/// use lens_testkit::{Fault, Faulty, LocalCluster};
+///
+/// let mut ranks = LocalCluster::new(2).broadcasters().into_iter();
+/// let slow = Faulty::new(ranks.next().unwrap(), vec![Fault::Delay(Duration::from_millis(5))]);
+/// # drop(slow);
+/// ```
+#[derive(Debug)]
+pub struct Faulty<B> {
+    inner: B,
+    faults: Vec<Fault>,
+}
+
+impl<B: Broadcaster> Faulty<B> {
+    /// Wraps `inner` with `faults`.
+    pub fn new(inner: B, faults: Vec<Fault>) -> Self {
+        Faulty { inner, faults }
+    }
+
+    /// The wrapped broadcaster.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
+#[async_trait::async_trait]
+impl<B: Broadcaster> Broadcaster for Faulty<B> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn max_payload(&self) -> usize {
+        self.inner.max_payload()
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        for fault in &self.faults {
+            if let Fault::Delay(d) = fault {
+                futures_timer::Delay::new(*d).await;
+            }
+        }
+        let mut bytes = self.inner.broadcast(root, payload).await?;
+        if self.inner.rank() != root {
+            for fault in &self.faults {
+                if let Fault::Corrupt(c) = fault {
+                    c.apply(&mut bytes);
+                }
+            }
+        }
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,276 @@
+//! The in-process backend: N ranks in one process, for tests and simulations.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use event_listener::Event;
+use futures::future::{Either, select};
+use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result, check_broadcast_args};
+
+/// Default deadline of a local collective.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Round {
+    root: usize,
+    payload: Option<Arc<[u8]>>,
+    taken: Vec<bool>,
+    taken_count: usize,
+    ready: Event,
+    all_taken: Event,
+}
+
+struct Shared {
+    world_size: usize,
+    timeout: Duration,
+    max_payload: usize,
+    rounds: Mutex<HashMap<u64, Round>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Round>> {
+        // A panic elsewhere while holding the lock leaves plain data behind; keep going.
+        self.rounds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Builds a group of [`LocalBroadcaster`]s that talk through shared memory.
+///
+/// ```
+/// use std::time::Duration;
+/// use lens_testkit::LocalCluster;
+/// use lens_core::Broadcaster;
+///
+/// let ranks = LocalCluster::new(8).timeout(Duration::from_secs(2)).broadcasters();
+/// assert_eq!(ranks.len(), 8);
+/// assert_eq!(ranks[3].rank(), 3);
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LocalCluster {
+    world_size: usize,
+    timeout: Duration,
+    max_payload: usize,
+}
+
+impl LocalCluster {
+    /// A group of `world_size` ranks (at least one; zero is taken as one).
+    pub fn new(world_size: usize) -> Self {
+        LocalCluster {
+            world_size: world_size.max(1),
+            timeout: DEFAULT_TIMEOUT,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+        }
+    }
+
+    /// The deadline of each collective (default 10 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The largest payload accepted (default [`DEFAULT_MAX_PAYLOAD`]).
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// One broadcaster per rank, index = rank.
+    pub fn broadcasters(self) -> Vec<LocalBroadcaster> {
+        let shared = Arc::new(Shared {
+            world_size: self.world_size,
+            timeout: self.timeout,
+            max_payload: self.max_payload,
+            rounds: Mutex::new(HashMap::new()),
+        });
+        (0..self.world_size)
+            .map(|rank| LocalBroadcaster {
+                shared: Arc::clone(&shared),
+                rank,
+                next_round: AtomicU64::new(0),
+            })
+            .collect()
+    }
+}
+
+/// One rank of an in-process group made by [`LocalCluster`].
+///
+/// It is truly asynchronous and needs no particular runtime (timeouts use a timer thread),
+/// so ranks can run as tasks of any executor or as threads with [`lens_core::blocking`].
+///
+/// Semantics: a non-root returns as soon as the root's payload is there; the root returns
+/// once every other rank has taken it, so a rank that never joins makes the root fail with
+/// [`Error::Timeout`] naming it, and a root that never joins makes every other rank fail
+/// naming the root. Ranks that disagree on the root get [`Error::Mismatch`].
+pub struct LocalBroadcaster {
+    shared: Arc<Shared>,
+    rank: usize,
+    next_round: AtomicU64,
+}
+
+impl std::fmt::Debug for LocalBroadcaster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBroadcaster")
+            .field("rank", &self.rank)
+            .field("world_size", &self.shared.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Wait<T> {
+    Done(T),
+    Pending(event_listener::EventListener),
+}
+
+impl LocalBroadcaster {
+    /// Waits until `check` returns `Some`, re-checking whenever the event it hands back fires.
+    async fn wait_for<T>(
+        &self,
+        deadline: Instant,
+        mut check: impl FnMut(&mut HashMap<u64, Round>) -> Result<Wait<T>>,
+    ) -> Result<Option<T>> {
+        loop {
+            let listener = match check(&mut self.shared.lock())? {
+                Wait::Done(v) => return Ok(Some(v)),
+                Wait::Pending(l) => l,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let timer = futures_timer::Delay::new(deadline - now);
+            if let Either::Right(_) = select(listener, timer).await {
+                // One last look: the event may have fired just as the timer did.
+                if let Wait::Done(v) = check(&mut self.shared.lock())? {
+                    return Ok(Some(v));
+                }
+                return Ok(None);
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Broadcaster for LocalBroadcaster {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world_size
+    }
+
+    fn max_payload(&self) -> usize {
+        self.shared.max_payload
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let payload = check_broadcast_args(self, root, payload)?;
+        let n = self.shared.world_size;
+        if n == 1 {
+            return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
+        }
+        let round_no = self.next_round.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let deadline = start + self.shared.timeout;
+        let new_round = || Round {
+            root,
+            payload: None,
+            taken: vec![false; n],
+            taken_count: 0,
+            ready: Event::new(),
+            all_taken: Event::new(),
+        };
+        let mismatch = |theirs: usize| Error::Mismatch {
+            reason: format!(
+                "round {round_no}: rank {} uses root {root}, another rank uses root {theirs}",
+                self.rank
+            ),
+        };
+
+        if let Some(bytes) = payload {
+            let shared: Arc<[u8]> = Arc::from(bytes);
+            {
+                let mut rounds = self.shared.lock();
+                let round = rounds.entry(round_no).or_insert_with(new_round);
+                if round.root != root {
+                    return Err(mismatch(round.root));
+                }
+                round.payload = Some(Arc::clone(&shared));
+                round.ready.notify(usize::MAX);
+            }
+            let done = self
+                .wait_for(deadline, |rounds| {
+                    let Some(round) = rounds.get(&round_no) else {
+                        return Ok(Wait::Done(()));
+                    };
+                    if round.taken_count + 1 >= n {
+                        rounds.remove(&round_no);
+                        return Ok(Wait::Done(()));
+                    }
+                    Ok(Wait::Pending(round.all_taken.listen()))
+                })
+                .await?;
+            if done.is_none() {
+                let mut rounds = self.shared.lock();
+                let missing = rounds
+                    .remove(&round_no)
+                    .map(|r| {
+                        (0..n)
+                            .filter(|&i| i != root && !r.taken[i])
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
+                tracing::debug!(
+                    round = round_no,
+                    ?missing,
+                    "local broadcast timed out at the root"
+                );
+                return Err(Error::Timeout {
+                    after: start.elapsed(),
+                    missing,
+                });
+            }
+            Ok(shared.to_vec())
+        } else {
+            let me = self.rank;
+            let got = self
+                .wait_for(deadline, |rounds| {
+                    let round = rounds.entry(round_no).or_insert_with(new_round);
+                    if round.root != root {
+                        return Err(mismatch(round.root));
+                    }
+                    match &round.payload {
+                        Some(p) => {
+                            let p = Arc::clone(p);
+                            if !round.taken[me] {
+                                round.taken[me] = true;
+                                round.taken_count += 1;
+                                if round.taken_count + 1 >= n {
+                                    round.all_taken.notify(1);
+                                }
+                            }
+                            Ok(Wait::Done(p))
+                        }
+                        None => Ok(Wait::Pending(round.ready.listen())),
+                    }
+                })
+                .await?;
+            match got {
+                Some(p) => Ok(p.to_vec()),
+                None => {
+                    tracing::debug!(
+                        round = round_no,
+                        root,
+                        "local broadcast timed out waiting for the root"
+                    );
+                    Err(Error::Timeout {
+                        after: start.elapsed(),
+                        missing: vec![root],
+                    })
+                }
+            }
+        }
+    }
+}
