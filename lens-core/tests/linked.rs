@@ -1,0 +1,247 @@
+//! Linked spans: what the sampler sees, parents, links and their attributes.
+
+use std::sync::{Arc, Mutex};
+
+use lens_core::link::attributes::{LINK_SOURCE, LINK_SOURCE_RANK};
+use lens_core::{Carrier, LinkedSpan, Parent, Remote, create_linked_span};
+use opentelemetry::trace::{
+    Link, Span as _, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_sdk::trace::{
+    InMemorySpanExporter, SamplingDecision, SamplingResult, SdkTracerProvider, ShouldSample,
+    SpanData,
+};
+
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    name: String,
+    kind: Option<SpanKind>,
+    attributes: Vec<KeyValue>,
+    links: Vec<Link>,
+}
+
+/// A sampler that records what it was shown, then samples.
+#[derive(Debug, Clone, Default)]
+struct RecordingSampler(Arc<Mutex<Vec<Seen>>>);
+
+impl ShouldSample for RecordingSampler {
+    fn should_sample(
+        &self,
+        parent_context: Option<&Context>,
+        _trace_id: TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        self.0.lock().expect("lock").push(Seen {
+            name: name.to_owned(),
+            kind: Some(span_kind.clone()),
+            attributes: attributes.to_vec(),
+            links: links.to_vec(),
+        });
+        SamplingResult {
+            decision: SamplingDecision::RecordAndSample,
+            attributes: Vec::new(),
+            trace_state: parent_context
+                .map(|cx| cx.span().span_context().trace_state().clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn setup() -> (SdkTracerProvider, InMemorySpanExporter, RecordingSampler) {
+    let exporter = InMemorySpanExporter::default();
+    let sampler = RecordingSampler::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(sampler.clone())
+        .build();
+    (provider, exporter, sampler)
+}
+
+fn remote_sc() -> SpanContext {
+    SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+        SpanId::from_hex("00f067aa0ba902b7").expect("hex"),
+        TraceFlags::new(0x03),
+        true,
+        TraceState::NONE,
+    )
+}
+
+fn finished(exporter: &InMemorySpanExporter) -> Vec<SpanData> {
+    exporter.get_finished_spans().expect("spans")
+}
+
+fn attr<'a>(kvs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    kvs.iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| &kv.value)
+}
+
+#[test]
+fn sampler_sees_links_and_attributes_at_creation() {
+    let (provider, exporter, sampler) = setup();
+    let tracer = provider.tracer("t");
+    let carrier = Carrier::from_context(&Context::new().with_remote_span_context(remote_sc()))
+        .with_source_rank(3);
+    drop(
+        LinkedSpan::builder("pp.recv_forward.linked")
+            .remote(&carrier)
+            .attributes([KeyValue::new("pp.stage", 1)])
+            .link_attributes([KeyValue::new("pp.microbatch", 4)])
+            .kind(SpanKind::Consumer)
+            .start(&tracer),
+    );
+    let seen = sampler.0.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    let seen = &seen[0];
+    assert_eq!(seen.name, "pp.recv_forward.linked");
+    assert_eq!(seen.kind, Some(SpanKind::Consumer));
+    assert_eq!(
+        attr(&seen.attributes, "pp.stage"),
+        Some(&Value::I64(1)),
+        "sampler saw the attribute"
+    );
+    assert_eq!(seen.links.len(), 1, "sampler saw the link");
+    let link = &seen.links[0];
+    assert_eq!(link.span_context.span_id(), remote_sc().span_id());
+    assert_eq!(
+        attr(&link.attributes, LINK_SOURCE_RANK),
+        Some(&Value::I64(3))
+    );
+    assert_eq!(
+        attr(&link.attributes, LINK_SOURCE),
+        Some(&Value::from("broadcast"))
+    );
+    assert_eq!(
+        attr(&link.attributes, "pp.microbatch"),
+        Some(&Value::I64(4))
+    );
+
+    let spans = finished(&exporter);
+    assert_eq!(spans.len(), 1);
+    assert_eq!(spans[0].links.len(), 1);
+    assert_eq!(attr(&spans[0].attributes, "pp.stage"), Some(&Value::I64(1)));
+}
+
+#[test]
+fn parent_current_keeps_local_parent() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("t");
+    let local = tracer.start("local");
+    let local_sc = local.span_context().clone();
+    let cx = Context::current_with_span(local);
+    let _g = cx.clone().attach();
+    drop(create_linked_span(&tracer, "linked", remote_sc(), vec![]));
+    let spans = finished(&exporter);
+    let linked = spans
+        .iter()
+        .find(|s| s.name == "linked")
+        .expect("linked span");
+    assert_eq!(linked.span_context.trace_id(), local_sc.trace_id());
+    assert_eq!(linked.parent_span_id, local_sc.span_id());
+    assert_eq!(linked.links.len(), 1);
+    assert_eq!(
+        linked.links[0].span_context.trace_id(),
+        remote_sc().trace_id()
+    );
+}
+
+#[test]
+fn parent_remote_joins_the_source_trace() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("t");
+    let _g = Context::current_with_span(tracer.start("local")).attach();
+    drop(
+        LinkedSpan::builder("linked")
+            .remote(remote_sc())
+            .parent(Parent::Remote)
+            .start(&tracer),
+    );
+    let spans = finished(&exporter);
+    let linked = spans
+        .iter()
+        .find(|s| s.name == "linked")
+        .expect("linked span");
+    assert_eq!(linked.span_context.trace_id(), remote_sc().trace_id());
+    assert_eq!(linked.parent_span_id, remote_sc().span_id());
+    assert!(linked.parent_span_is_remote);
+    assert_eq!(linked.links.len(), 1);
+}
+
+#[test]
+fn parent_root_starts_a_new_trace() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("t");
+    let local = tracer.start("local");
+    let local_trace = local.span_context().trace_id();
+    let _g = Context::current_with_span(local).attach();
+    drop(
+        LinkedSpan::builder("linked")
+            .remote(remote_sc())
+            .parent(Parent::Root)
+            .start(&tracer),
+    );
+    let spans = finished(&exporter);
+    let linked = spans
+        .iter()
+        .find(|s| s.name == "linked")
+        .expect("linked span");
+    assert_ne!(linked.span_context.trace_id(), local_trace);
+    assert_ne!(linked.span_context.trace_id(), remote_sc().trace_id());
+    assert_eq!(linked.parent_span_id, SpanId::INVALID);
+    assert_eq!(linked.links.len(), 1);
+}
+
+#[test]
+fn absent_or_invalid_remote_gives_an_unlinked_span() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("t");
+    let invalid: Carrier = [(
+        "traceparent",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+    )]
+    .into_iter()
+    .collect();
+    let remotes: Vec<(&str, Remote)> = vec![
+        ("none", Remote::none()),
+        ("None carrier", Remote::from(None::<Carrier>)),
+        ("empty carrier", Remote::from(&Carrier::new())),
+        ("invalid carrier", Remote::from(&invalid)),
+        ("empty context", Remote::from(&Context::new())),
+        (
+            "invalid span context",
+            Remote::from(SpanContext::empty_context()),
+        ),
+    ];
+    for (why, remote) in remotes {
+        drop(
+            LinkedSpan::builder(why)
+                .remote(remote)
+                .parent(Parent::Remote)
+                .start(&tracer),
+        );
+    }
+    for span in finished(&exporter) {
+        assert!(span.links.is_empty(), "{}: no link expected", span.name);
+    }
+}
+
+#[test]
+fn remote_from_context_and_option() {
+    let cx = Context::new().with_remote_span_context(remote_sc());
+    assert!(Remote::from(&cx).span_context().is_some());
+    let carrier = Carrier::from_context(&cx).with_source_rank(2);
+    let r = Remote::from(Some(carrier.clone()));
+    assert_eq!(r.source_rank(), Some(2));
+    assert_eq!(
+        Remote::from(&Some(carrier))
+            .span_context()
+            .map(SpanContext::span_id),
+        Some(remote_sc().span_id())
+    );
+}
