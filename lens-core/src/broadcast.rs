@@ -6,6 +6,7 @@ use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt;
 
 use crate::broadcaster::Broadcaster;
+use crate::carrier::w3c::parse_traceparent;
 use crate::carrier::{Carrier, TRACEPARENT};
 use crate::error::{Error, Result};
 
@@ -115,11 +116,11 @@ async fn broadcast_impl(
             return Err(Error::SourceFailed { root: src_rank });
         }
         let carrier = Carrier::decode(&bytes)?;
-        match (carrier.get(TRACEPARENT), carrier.has_span_context()) {
-            (_, true) => Ok(Some(carrier.with_source_rank(src_rank))),
-            (None, false) => Ok(None),
+        match carrier.get(TRACEPARENT) {
+            None => Ok(None),
+            Some(tp) if parse_traceparent(tp).is_ok() => Ok(Some(carrier.with_source_rank(src_rank))),
             // The source only ever sends a valid traceparent, so this one was damaged.
-            (Some(tp), false) => Err(Error::Corrupt {
+            Some(tp) => Err(Error::Corrupt {
                 reason: format!("received an invalid traceparent {tp:?}"),
             }),
         }

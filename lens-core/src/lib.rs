@@ -14,7 +14,7 @@
 //! # Example
 //!
 //! ```
-//! use lens_core::{broadcast_trace_context, LinkedSpan, Parent};
+//! use lens_core::{broadcast_trace_context, Broadcaster, LinkedSpan, Parent};
 //! use lens_testkit::LocalCluster;
 //! use opentelemetry::trace::{Span as _, TraceContextExt, Tracer, TracerProvider as _};
 //! use opentelemetry::Context;

@@ -405,3 +405,26 @@ proptest! {
         let _ = Carrier::decode(&bytes);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// Any baggage name/value survives inject -> encode -> decode -> extract.
+    #[test]
+    fn baggage_round_trips(pairs in proptest::collection::vec(("[a-z][a-z0-9._-]{0,12}", "\\PC{1,24}"), 1..6)) {
+        use opentelemetry::baggage::BaggageExt;
+        use opentelemetry::{Context, KeyValue};
+        let mut want = std::collections::BTreeMap::new();
+        for (k, v) in &pairs {
+            // Leading/trailing spaces are not significant in W3C baggage values.
+            want.insert(k.clone(), v.trim().to_owned());
+        }
+        want.retain(|_, v| !v.is_empty());
+        let cx = Context::new().with_baggage(want.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())));
+        let bytes = Carrier::from_context(&cx).encode();
+        let back = Carrier::decode(&bytes).expect("decodes").context();
+        let got: std::collections::BTreeMap<String, String> =
+            back.baggage().iter().map(|(k, (v, _))| (k.to_string(), v.to_string())).collect();
+        prop_assert_eq!(got, want);
+    }
+}

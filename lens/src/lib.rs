@@ -1,2 +1,55 @@
-//! placeholder
+//! **lens** makes a distributed job (LLM training, inference, HPC) show up as one
+//! OpenTelemetry trace.
+//!
+//! One rank's W3C trace context is broadcast to every rank
+//! ([`broadcast_trace_context`]), and spans on different ranks are joined with OTel links
+//! where parent/child makes no sense ([`create_linked_span`], [`LinkedSpan::builder`]).
+//! Transports plug in behind one trait, [`Broadcaster`]; pick one with a Cargo feature:
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `testkit` | `lens::testkit`: an in-process cluster of N ranks, span capture, fault injection, the conformance suite |
+//! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` |
+//!
+//! This crate re-exports everything of `lens-core`.
+//!
+//! # Quick start
+//!
+//! ```
+//! use lens::{broadcast_context, LinkedSpan, Parent};
+//! use lens::testkit::Cluster;
+//! use opentelemetry::trace::{Span as _, TraceContextExt, Tracer};
+//! use opentelemetry::Context;
+//!
+//! // Four in-process ranks; each has its own tracer and span capture.
+//! let report = Cluster::builder(4).build().run_blocking(|rank| async move {
+//!     // Rank 0 (the first pipeline stage) opens the step...
+//!     let cx = if rank.rank == 0 {
+//!         Context::new().with_span(rank.tracer.start("train_step"))
+//!     } else {
+//!         Context::new()
+//!     };
+//!     // ...every rank gets its trace context in one collective...
+//!     let remote = broadcast_context(&*rank.broadcaster, 0, &cx).await?;
+//!     // ...and later stages open spans in the same trace, linked to rank 0's step.
+//!     if rank.rank > 0 {
+//!         LinkedSpan::builder("pp.recv_forward.linked")
+//!             .remote(&remote)
+//!             .parent(Parent::Remote)
+//!             .start_with_context(&rank.tracer, &Context::new())
+//!             .end();
+//!     }
+//!     cx.span().end();
+//!     Ok(())
+//! })?;
+//! report.check_single_trace()?;
+//! report.check_links(3, "pp.recv_forward.linked", 0, "train_step")?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
+
 pub use lens_core::*;
+
+/// The test kit: in-process cluster, span capture, faults, conformance suite.
+#[cfg(feature = "testkit")]
+pub use lens_testkit as testkit;

@@ -1,1 +1,19 @@
-fn main() {}
+//! The `lens` program: a pipeline-parallel demo and the broadcast benchmark.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lens: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

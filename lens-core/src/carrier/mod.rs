@@ -6,6 +6,7 @@ pub mod w3c;
 use std::fmt;
 
 use opentelemetry::Context;
+use opentelemetry::baggage::BaggageExt;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, TraceContextExt, TraceState};
 use opentelemetry_sdk::propagation::BaggagePropagator;
@@ -136,31 +137,30 @@ impl Carrier {
 
     /// Injects `cx`'s span context (W3C Trace Context) and baggage (W3C Baggage).
     ///
-    /// This uses the W3C formats directly, not the global propagator (a no-op unless an
-    /// application installed one). All eight trace-flag bits are written as the span context
-    /// holds them, and an empty `tracestate` is left out, as Python does.
+    /// This writes the W3C formats directly, not through the global propagator (a no-op
+    /// unless an application installed one). All eight trace-flag bits are written as the
+    /// span context holds them, and an empty `tracestate` is left out, as Python does.
+    /// Baggage names and values are percent-encoded per W3C Baggage (every octet outside
+    /// `baggage-octet`, plus `%` and `=`), so any string survives the round trip.
     pub fn from_context(cx: &Context) -> Self {
-        let mut carrier = Carrier::new();
+        let mut entries = Vec::with_capacity(3);
         let span = cx.span();
         let sc = span.span_context();
         if sc.is_valid() {
-            carrier.insert(
-                TRACEPARENT,
-                format!(
-                    "00-{}-{}-{:02x}",
-                    sc.trace_id(),
-                    sc.span_id(),
-                    sc.trace_flags().to_u8()
-                ),
-            );
+            entries.push((TRACEPARENT.to_owned(), w3c::format_traceparent(sc)));
             let state = sc.trace_state().header();
             if !state.is_empty() {
-                carrier.insert(TRACESTATE, state);
+                entries.push((TRACESTATE.to_owned(), state));
             }
         }
-        // Writes nothing when the context has no baggage.
-        BaggagePropagator::new().inject_context(cx, &mut carrier);
-        carrier
+        let baggage = cx.baggage();
+        if !baggage.is_empty() {
+            entries.push((BAGGAGE.to_owned(), w3c::format_baggage(baggage)));
+        }
+        Carrier {
+            entries,
+            source_rank: None,
+        }
     }
 
     /// Extracts a [`Context`] holding the remote span context (when valid) and the baggage.
@@ -203,9 +203,10 @@ impl Carrier {
         ))
     }
 
-    /// True when [`Carrier::span_context`] is `Some`.
+    /// True when [`Carrier::span_context`] is `Some` (checks `traceparent` only).
     pub fn has_span_context(&self) -> bool {
-        self.span_context().is_some()
+        self.get(TRACEPARENT)
+            .is_some_and(|tp| w3c::parse_traceparent(tp).is_ok())
     }
 
     /// Encodes as Python's `json.dumps(carrier).encode()` does: `", "` and `": "` separators,

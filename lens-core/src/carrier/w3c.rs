@@ -4,7 +4,8 @@
 //! leading `+`, one-digit fields) and keeps only the sampled bit of the flags, so lens parses
 //! `traceparent` and `tracestate` itself and hands the SDK only what the rules allow.
 
-use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+use opentelemetry::baggage::Baggage;
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 
 /// A parsed, valid `traceparent` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,4 +208,61 @@ pub fn parse_tracestate(header: &str) -> Result<TraceState, TraceStateError> {
     }
     // Every member passed the stricter W3C checks above, so the SDK accepts them all.
     TraceState::from_key_value(members).map_err(|e| TraceStateError::InvalidKey(e.to_string()))
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for &b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+}
+
+/// Formats a version-00 `traceparent` with all eight flag bits of `sc`.
+pub fn format_traceparent(sc: &SpanContext) -> String {
+    let mut out = String::with_capacity(55);
+    out.push_str("00-");
+    push_hex(&mut out, &sc.trace_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &sc.span_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &[sc.trace_flags().to_u8()]);
+    out
+}
+
+fn push_baggage_text(out: &mut String, s: &str) {
+    for &b in s.as_bytes() {
+        // baggage-octet, less '%' (so that decoding is exact) and '=' (the separator).
+        let plain = matches!(b, 0x21 | 0x23..=0x2b | 0x2d..=0x3a | 0x3c..=0x5b | 0x5d..=0x7e)
+            && b != b'%'
+            && b != b'=';
+        if plain {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)].to_ascii_uppercase()));
+            out.push(char::from(HEX[usize::from(b & 0xf)].to_ascii_uppercase()));
+        }
+    }
+}
+
+/// Formats a W3C `baggage` header: `name=value[;metadata]` members joined by `,`, names and
+/// values percent-encoded.
+pub fn format_baggage(baggage: &Baggage) -> String {
+    let mut out = String::with_capacity(64);
+    for (i, (name, (value, metadata))) in baggage.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_baggage_text(&mut out, name.as_str());
+        out.push('=');
+        push_baggage_text(&mut out, value.as_str());
+        let metadata = metadata.as_str().trim();
+        if !metadata.is_empty() {
+            out.push(';');
+            out.push_str(metadata);
+        }
+    }
+    out
 }

@@ -1,0 +1,189 @@
+//! `lens bench`: a raw broadcast of the carrier's bytes beside lens's trace-context
+//! broadcast, on the same group, in the same run.
+//!
+//! What one sample is: the ranks run rounds back to back; the time of round `i` is from the
+//! moment the last rank finished round `i - 1` to the moment the last rank finished round
+//! `i` (so it includes the slowest rank's decode). Both operations are measured the same way,
+//! interleaved in blocks, so their ratio is what lens adds on top of the transport.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lens::testkit::{LocalBroadcaster, LocalCluster};
+use lens::{Broadcaster, Carrier, broadcast_context};
+use opentelemetry::baggage::BaggageExt;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::{Context, KeyValue};
+use serde_json::json;
+
+use super::{BackendArg, BenchArgs};
+
+const BLOCKS: usize = 4;
+const WARMUP: usize = 50;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Raw,
+    Lens,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Raw => "raw",
+            Op::Lens => "lens",
+        }
+    }
+}
+
+/// The context the source broadcasts: a sampled span with flags 03 and a little baggage,
+/// as a training step would carry.
+fn source_context() -> Context {
+    let sc = SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap_or(TraceId::INVALID),
+        SpanId::from_hex("00f067aa0ba902b7").unwrap_or(SpanId::INVALID),
+        TraceFlags::new(0x03),
+        true,
+        TraceState::NONE,
+    );
+    Context::new()
+        .with_remote_span_context(sc)
+        .with_baggage([KeyValue::new("nv.dl.step", "17"), KeyValue::new("job.id", "job-42")])
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), String> {
+    match args.backend {
+        BackendArg::Local => {}
+    }
+    if args.iters < BLOCKS {
+        return Err(format!("--iters must be at least {BLOCKS}"));
+    }
+    if let Some(bad) = args.ranks.iter().find(|n| **n == 0 || **n > 4096) {
+        return Err(format!("--ranks {bad}: a group has 1 to 4096 ranks"));
+    }
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let cx = source_context();
+    let bytes = Carrier::from_context(&cx).encode();
+    if !args.json {
+        println!(
+            "lens bench: backend local, {} carrier bytes, {} timed rounds per op, {workers} worker thread(s)",
+            bytes.len(),
+            args.iters
+        );
+        println!("{:>6} {:>5} {:>10} {:>10} {:>9}", "ranks", "op", "median_us", "p99_us", "lens/raw");
+    }
+    for &n in &args.ranks {
+        let ranks: Vec<Arc<LocalBroadcaster>> = LocalCluster::new(n)
+            .timeout(Duration::from_secs(30))
+            .broadcasters()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let per_block = args.iters / BLOCKS;
+        let (mut raw, mut lens) = (Vec::new(), Vec::new());
+        for _ in 0..BLOCKS {
+            raw.extend(rt.block_on(measure(&ranks, Op::Raw, per_block, &bytes, &cx))?);
+            lens.extend(rt.block_on(measure(&ranks, Op::Lens, per_block, &bytes, &cx))?);
+        }
+        let raw_stats = Stats::of(&mut raw);
+        let lens_stats = Stats::of(&mut lens);
+        let ratio = lens_stats.median / raw_stats.median;
+        for (op, s) in [(Op::Raw, &raw_stats), (Op::Lens, &lens_stats)] {
+            if args.json {
+                let mut line = json!({
+                    "backend": "local", "ranks": n, "op": op.name(), "bytes": bytes.len(),
+                    "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
+                });
+                if op == Op::Lens {
+                    line["ratio_vs_raw"] = json!(round2(ratio));
+                }
+                println!("{line}");
+            } else {
+                let r = if op == Op::Lens { format!("{ratio:.2}x") } else { String::new() };
+                println!("{n:>6} {:>5} {:>10.2} {:>10.2} {r:>9}", op.name(), s.median, s.p99);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+struct Stats {
+    count: usize,
+    median: f64,
+    p99: f64,
+}
+
+impl Stats {
+    fn of(samples: &mut [f64]) -> Stats {
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples.get(i).copied().unwrap_or(f64::NAN)
+        };
+        Stats {
+            count: samples.len(),
+            median: at(0.5),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// Runs `WARMUP + iters` rounds of `op` on every rank; returns `iters` round times in µs.
+async fn measure(
+    ranks: &[Arc<LocalBroadcaster>],
+    op: Op,
+    iters: usize,
+    bytes: &[u8],
+    cx: &Context,
+) -> Result<Vec<f64>, String> {
+    let rounds = WARMUP + iters;
+    let tasks: Vec<_> = ranks
+        .iter()
+        .map(|b| {
+            let b = Arc::clone(b);
+            let bytes = bytes.to_vec();
+            let cx = if b.rank() == 0 { cx.clone() } else { Context::new() };
+            tokio::spawn(async move {
+                let mut ends = Vec::with_capacity(rounds);
+                for _ in 0..rounds {
+                    match op {
+                        Op::Raw => {
+                            let payload = (b.rank() == 0).then_some(bytes.as_slice());
+                            std::hint::black_box(b.broadcast(0, payload).await?);
+                        }
+                        Op::Lens => {
+                            std::hint::black_box(broadcast_context(&*b, 0, &cx).await?);
+                        }
+                    }
+                    ends.push(Instant::now());
+                }
+                Ok::<_, lens::Error>(ends)
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        let ends = t
+            .await
+            .map_err(|e| format!("a rank's task failed: {e}"))?
+            .map_err(|e| format!("broadcast failed: {e}"))?;
+        all.push(ends);
+    }
+    let last_done = |i: usize| all.iter().filter_map(|e| e.get(i)).max().copied();
+    let mut samples = Vec::with_capacity(iters);
+    for i in WARMUP..rounds {
+        if let (Some(prev), Some(now)) = (last_done(i - 1), last_done(i)) {
+            samples.push(now.saturating_duration_since(prev).as_secs_f64() * 1e6);
+        }
+    }
+    Ok(samples)
+}

@@ -1,0 +1,93 @@
+//! Command-line parsing and dispatch.
+
+mod bench;
+mod demo;
+mod view;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// lens: one OpenTelemetry trace for a whole distributed job.
+#[derive(Debug, Parser)]
+#[command(name = "lens", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Simulate a pipeline-parallel job on N in-process ranks and show its trace.
+    Demo(DemoArgs),
+    /// Measure a raw broadcast of the carrier's bytes against lens's broadcast.
+    Bench(BenchArgs),
+}
+
+/// Which span the later stages' spans are children of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ParentArg {
+    /// The rank's own current span (as NeMo Lens does); stages are only linked.
+    Current,
+    /// Rank 0's `train_step`: the whole step is one trace.
+    Remote,
+}
+
+/// The transport to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// N ranks in this process.
+    Local,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    backend: BackendArg,
+    /// Number of ranks (pipeline stages).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    ranks: u32,
+    /// Training steps.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    steps: u32,
+    /// Parent of the later stages' spans.
+    #[arg(long, value_enum, default_value_t = ParentArg::Remote)]
+    parent: ParentArg,
+    /// Write Chrome trace event JSON here (opens in Perfetto and chrome://tracing).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Deadline of each collective, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// Inject a fault to see how failures look: `absent:R`, `corrupt:R` or `delay:R:MS`.
+    #[arg(long, value_name = "FAULT")]
+    inject: Vec<String>,
+    /// Print no terminal view, only the verdict.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    backend: BackendArg,
+    /// Group sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4, 8])]
+    ranks: Vec<usize>,
+    /// Timed rounds per operation and size.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::Bench(args) => bench::run(&args),
+    }
+}
