@@ -1,4 +1,6 @@
 //! Carrier codec cost: encode + decode of a ~200-byte carrier, and injection from a context.
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 
@@ -14,26 +16,39 @@ fn context() -> Context {
         SpanId::from_hex("00f067aa0ba902b7").expect("hex"),
         TraceFlags::new(0x03),
         true,
-        TraceState::from_key_value([("rojo", "00f067aa0ba902b7"), ("congo", "t61rcWkgMzE")]).expect("state"),
+        TraceState::from_key_value([("rojo", "00f067aa0ba902b7"), ("congo", "t61rcWkgMzE")])
+            .expect("state"),
     );
-    Context::new()
-        .with_remote_span_context(sc)
-        .with_baggage([KeyValue::new("nv.dl.step", "17"), KeyValue::new("job.id", "job-42"), KeyValue::new("user", "team a")])
+    Context::new().with_remote_span_context(sc).with_baggage([
+        KeyValue::new("nv.dl.step", "17"),
+        KeyValue::new("job.id", "job-42"),
+        KeyValue::new("user", "team a"),
+    ])
 }
 
 fn bench(c: &mut Criterion) {
     let cx = context();
     let carrier = Carrier::from_context(&cx);
     let bytes = carrier.encode();
-    assert!((150..=260).contains(&bytes.len()), "a ~200-byte carrier, got {}", bytes.len());
+    assert!(
+        (150..=260).contains(&bytes.len()),
+        "a ~200-byte carrier, got {}",
+        bytes.len()
+    );
     let mut g = c.benchmark_group(format!("carrier_{}B", bytes.len()));
     g.bench_function("encode+decode", |b| {
         b.iter(|| Carrier::decode(&black_box(&carrier).encode()).expect("decodes"))
     });
     g.bench_function("encode", |b| b.iter(|| black_box(&carrier).encode()));
-    g.bench_function("decode", |b| b.iter(|| Carrier::decode(black_box(&bytes)).expect("decodes")));
-    g.bench_function("from_context", |b| b.iter(|| Carrier::from_context(black_box(&cx))));
-    g.bench_function("span_context", |b| b.iter(|| black_box(&carrier).span_context()));
+    g.bench_function("decode", |b| {
+        b.iter(|| Carrier::decode(black_box(&bytes)).expect("decodes"))
+    });
+    g.bench_function("from_context", |b| {
+        b.iter(|| Carrier::from_context(black_box(&cx)))
+    });
+    g.bench_function("span_context", |b| {
+        b.iter(|| black_box(&carrier).span_context())
+    });
     g.finish();
 }
 

@@ -1,12 +1,15 @@
 //! `create_linked_span` against a plain SDK span with the same attributes (and a link built
 //! by hand), on the same tracer.
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use lens_core::{Carrier, create_linked_span};
 use opentelemetry::trace::{
-    Link, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer, TracerProvider as _,
+    Link, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -22,13 +25,21 @@ fn bench(c: &mut Criterion) {
         true,
         TraceState::NONE,
     );
-    let carrier = Carrier::from_context(&Context::new().with_remote_span_context(sc.clone())).with_source_rank(0);
-    let attrs = || vec![KeyValue::new("pp.stage", 3), KeyValue::new("nv.dl.step", 17)];
+    let carrier = Carrier::from_context(&Context::new().with_remote_span_context(sc.clone()))
+        .with_source_rank(0);
+    let attrs = || {
+        vec![
+            KeyValue::new("pp.stage", 3),
+            KeyValue::new("nv.dl.step", 17),
+        ]
+    };
 
     let mut g = c.benchmark_group("span");
     g.bench_function("plain_sdk_span", |b| {
         b.iter(|| {
-            let builder = tracer.span_builder("pp.recv_forward").with_attributes(attrs());
+            let builder = tracer
+                .span_builder("pp.recv_forward")
+                .with_attributes(attrs());
             drop(tracer.build_with_context(builder, black_box(&Context::new())));
         })
     });
@@ -42,7 +53,14 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.bench_function("create_linked_span", |b| {
-        b.iter(|| drop(create_linked_span(&tracer, "pp.recv_forward.linked", black_box(&carrier), attrs())))
+        b.iter(|| {
+            drop(create_linked_span(
+                &tracer,
+                "pp.recv_forward.linked",
+                black_box(&carrier),
+                attrs(),
+            ))
+        })
     });
     g.finish();
 }

@@ -118,7 +118,9 @@ async fn broadcast_impl(
         let carrier = Carrier::decode(&bytes)?;
         match carrier.get(TRACEPARENT) {
             None => Ok(None),
-            Some(tp) if parse_traceparent(tp).is_ok() => Ok(Some(carrier.with_source_rank(src_rank))),
+            Some(tp) if parse_traceparent(tp).is_ok() => {
+                Ok(Some(carrier.with_source_rank(src_rank)))
+            }
             // The source only ever sends a valid traceparent, so this one was damaged.
             Some(tp) => Err(Error::Corrupt {
                 reason: format!("received an invalid traceparent {tp:?}"),

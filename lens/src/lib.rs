@@ -53,3 +53,8 @@ pub use lens_core::*;
 /// The test kit: in-process cluster, span capture, faults, conformance suite.
 #[cfg(feature = "testkit")]
 pub use lens_testkit as testkit;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

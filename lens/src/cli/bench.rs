@@ -46,9 +46,10 @@ fn source_context() -> Context {
         true,
         TraceState::NONE,
     );
-    Context::new()
-        .with_remote_span_context(sc)
-        .with_baggage([KeyValue::new("nv.dl.step", "17"), KeyValue::new("job.id", "job-42")])
+    Context::new().with_remote_span_context(sc).with_baggage([
+        KeyValue::new("nv.dl.step", "17"),
+        KeyValue::new("job.id", "job-42"),
+    ])
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {
@@ -75,7 +76,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             bytes.len(),
             args.iters
         );
-        println!("{:>6} {:>5} {:>10} {:>10} {:>9}", "ranks", "op", "median_us", "p99_us", "lens/raw");
+        println!(
+            "{:>6} {:>5} {:>10} {:>10} {:>9}",
+            "ranks", "op", "median_us", "p99_us", "lens/raw"
+        );
     }
     for &n in &args.ranks {
         let ranks: Vec<Arc<LocalBroadcaster>> = LocalCluster::new(n)
@@ -104,8 +108,17 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                 }
                 println!("{line}");
             } else {
-                let r = if op == Op::Lens { format!("{ratio:.2}x") } else { String::new() };
-                println!("{n:>6} {:>5} {:>10.2} {:>10.2} {r:>9}", op.name(), s.median, s.p99);
+                let r = if op == Op::Lens {
+                    format!("{ratio:.2}x")
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{n:>6} {:>5} {:>10.2} {:>10.2} {r:>9}",
+                    op.name(),
+                    s.median,
+                    s.p99
+                );
             }
         }
     }
@@ -151,7 +164,11 @@ async fn measure(
         .map(|b| {
             let b = Arc::clone(b);
             let bytes = bytes.to_vec();
-            let cx = if b.rank() == 0 { cx.clone() } else { Context::new() };
+            let cx = if b.rank() == 0 {
+                cx.clone()
+            } else {
+                Context::new()
+            };
             tokio::spawn(async move {
                 let mut ends = Vec::with_capacity(rounds);
                 for _ in 0..rounds {

@@ -26,7 +26,12 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("--timeout {} is not a positive number of seconds", args.timeout))?;
+        .ok_or_else(|| {
+            format!(
+                "--timeout {} is not a positive number of seconds",
+                args.timeout
+            )
+        })?;
     let mut builder = Cluster::builder(n).timeout(timeout);
     for spec in &args.inject {
         builder = inject(builder, spec, n)?;
@@ -49,7 +54,10 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     if let Some(path) = &args.out {
         let json = view::chrome_trace(&report);
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("wrote Chrome trace events to {} (open in https://ui.perfetto.dev or chrome://tracing)", path.display());
+        println!(
+            "wrote Chrome trace events to {} (open in https://ui.perfetto.dev or chrome://tracing)",
+            path.display()
+        );
     }
     let summary = verify(&report, steps, parent)?;
     println!("{summary}");
@@ -68,14 +76,23 @@ fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilde
         ["absent", r] => Ok(builder.absent(rank(r)?)),
         ["corrupt", r] => Ok(builder.fault(rank(r)?, Fault::Corrupt(Corruption::Truncate))),
         ["delay", r, ms] => {
-            let ms: u64 = ms.parse().map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
+            let ms: u64 = ms
+                .parse()
+                .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
             Ok(builder.fault(rank(r)?, Fault::Delay(Duration::from_millis(ms))))
         }
-        _ => Err(format!("--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS")),
+        _ => Err(format!(
+            "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
+        )),
     }
 }
 
-async fn rank_main(rank: RankCtx, steps: usize, parent: Parent, slot: Duration) -> lens::Result<()> {
+async fn rank_main(
+    rank: RankCtx,
+    steps: usize,
+    parent: Parent,
+    slot: Duration,
+) -> lens::Result<()> {
     let r = rank.rank;
     for step in 0..steps {
         let step_attr = KeyValue::new(STEP_KEY, step as i64);
@@ -108,20 +125,32 @@ async fn rank_main(rank: RankCtx, steps: usize, parent: Parent, slot: Duration) 
 }
 
 pub fn step_of(span: &SpanData) -> Option<i64> {
-    span.attributes.iter().find(|kv| kv.key.as_str() == STEP_KEY).and_then(|kv| match kv.value {
-        Value::I64(v) => Some(v),
-        _ => None,
-    })
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == STEP_KEY)
+        .and_then(|kv| match kv.value {
+            Value::I64(v) => Some(v),
+            _ => None,
+        })
 }
 
 /// Checks the correlation the demo promises; returns a one-line summary or a one-line reason.
 fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, String> {
     let mut errors = report.errors();
-    let absent: Vec<usize> = report.ranks.iter().filter(|r| r.outcome.is_none()).map(|r| r.rank).collect();
+    let absent: Vec<usize> = report
+        .ranks
+        .iter()
+        .filter(|r| r.outcome.is_none())
+        .map(|r| r.rank)
+        .collect();
     if !errors.is_empty() || !absent.is_empty() {
         // Root causes first: a timeout is usually the echo of another rank's failure.
         errors.sort_by_key(|(rank, e)| (e.is_timeout(), *rank));
-        let mut parts: Vec<String> = errors.iter().take(3).map(|(rank, e)| format!("rank {rank}: {e}")).collect();
+        let mut parts: Vec<String> = errors
+            .iter()
+            .take(3)
+            .map(|(rank, e)| format!("rank {rank}: {e}"))
+            .collect();
         if errors.len() > 3 {
             parts.push(format!("{} more", errors.len() - 3));
         }
@@ -133,14 +162,22 @@ fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, S
     let n = report.ranks.len();
     let roots = report.named(0, STEP_SPAN);
     if roots.len() != steps {
-        return Err(format!("rank 0 recorded {} {STEP_SPAN} spans, expected {steps}", roots.len()));
+        return Err(format!(
+            "rank 0 recorded {} {STEP_SPAN} spans, expected {steps}",
+            roots.len()
+        ));
     }
     let mut links = 0;
     for rank in 1..n {
-        report.check_links(rank, STAGE_SPAN, 0, STEP_SPAN).map_err(|e| e.to_string())?;
+        report
+            .check_links(rank, STAGE_SPAN, 0, STEP_SPAN)
+            .map_err(|e| e.to_string())?;
         let spans = report.named(rank, STAGE_SPAN);
         if spans.len() != steps {
-            return Err(format!("rank {rank} recorded {} {STAGE_SPAN} spans, expected {steps}", spans.len()));
+            return Err(format!(
+                "rank {rank} recorded {} {STAGE_SPAN} spans, expected {steps}",
+                spans.len()
+            ));
         }
         for span in spans {
             let step = step_of(span);
@@ -148,15 +185,22 @@ fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, S
                 .iter()
                 .find(|s| step_of(s) == step)
                 .ok_or_else(|| format!("rank {rank}: no {STEP_SPAN} for step {step:?}"))?;
-            let linked = span.links.iter().any(|l| l.span_context.span_id() == root.span_context.span_id());
+            let linked = span
+                .links
+                .iter()
+                .any(|l| l.span_context.span_id() == root.span_context.span_id());
             if !linked {
-                return Err(format!("rank {rank}, step {step:?}: linked to another step's {STEP_SPAN}"));
+                return Err(format!(
+                    "rank {rank}, step {step:?}: linked to another step's {STEP_SPAN}"
+                ));
             }
             if parent == Parent::Remote
                 && (span.span_context.trace_id() != root.span_context.trace_id()
                     || span.parent_span_id != root.span_context.span_id())
             {
-                return Err(format!("rank {rank}, step {step:?}: not a child of rank 0's {STEP_SPAN}"));
+                return Err(format!(
+                    "rank {rank}, step {step:?}: not a child of rank 0's {STEP_SPAN}"
+                ));
             }
             links += 1;
         }

@@ -15,7 +15,8 @@ const MAX_STEPS_SHOWN: usize = 3;
 const MAX_RANKS_SHOWN: usize = 12;
 
 fn micros(t: SystemTime, zero: SystemTime) -> f64 {
-    t.duration_since(zero).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    t.duration_since(zero)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
 
 fn zero_time<T>(report: &Report<T>) -> SystemTime {
@@ -35,7 +36,11 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
     let _ = writeln!(
         out,
         "lens demo: {n} in-process rank(s), parent = {}",
-        if parent == ParentArg::Remote { "remote (one trace per step)" } else { "current (linked only)" }
+        if parent == ParentArg::Remote {
+            "remote (one trace per step)"
+        } else {
+            "current (linked only)"
+        }
     );
     for root in roots.iter().take(MAX_STEPS_SHOWN) {
         let step = step_of(root);
@@ -55,7 +60,11 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
         };
         for (i, &rank) in shown.iter().enumerate() {
             if i > 0 && rank != shown[i - 1] + 1 {
-                let _ = writeln!(out, "  {:>7}", format!("… {} more", rank - shown[i - 1] - 1));
+                let _ = writeln!(
+                    out,
+                    "  {:>7}",
+                    format!("… {} more", rank - shown[i - 1] - 1)
+                );
             }
             let span: Option<&SpanData> = report
                 .spans(rank)
@@ -65,11 +74,19 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
                 let _ = writeln!(out, "  rank {rank:<4} (no span)");
                 continue;
             };
-            let a = (micros(span.start_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64) as usize;
-            let b = (micros(span.end_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64) as usize;
-            let bar: String = (0..WIDTH).map(|c| if c >= a && c <= b.max(a) { '█' } else { '·' }).collect();
+            let a = (micros(span.start_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64)
+                as usize;
+            let b = (micros(span.end_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64)
+                as usize;
+            let bar: String = (0..WIDTH)
+                .map(|c| if c >= a && c <= b.max(a) { '█' } else { '·' })
+                .collect();
             let link = span.links.iter().next().map_or(String::new(), |l| {
-                let same = if l.span_context.trace_id() == span.span_context.trace_id() { "child of + " } else { "" };
+                let same = if l.span_context.trace_id() == span.span_context.trace_id() {
+                    "child of + "
+                } else {
+                    ""
+                };
                 format!("  {same}↳ link {}", l.span_context.span_id())
             });
             let _ = writeln!(
@@ -95,7 +112,10 @@ pub fn chrome_trace<T>(report: &Report<T>) -> String {
     for r in &report.ranks {
         events.push(json!({"ph": "M", "name": "process_name", "pid": r.rank, "tid": 0, "args": {"name": format!("rank {}", r.rank)}}));
         for s in &r.spans {
-            where_is.insert(s.span_context.span_id(), (r.rank, micros(s.start_time, zero)));
+            where_is.insert(
+                s.span_context.span_id(),
+                (r.rank, micros(s.start_time, zero)),
+            );
         }
     }
     let mut flow_id = 0u64;

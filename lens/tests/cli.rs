@@ -1,0 +1,225 @@
+//! The `lens` program, run as a user would, each run with a deadline.
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `lens args`, killing it if it outlives `deadline`.
+fn lens(args: &[&str], deadline: Duration) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lens"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lens starts");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lens {args:?} ran past its {deadline:?} deadline and was killed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout)
+        .expect("read");
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read");
+    Run {
+        ok: status.success(),
+        stdout,
+        stderr,
+    }
+}
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+#[test]
+fn demo_verifies_correlation_and_writes_a_chrome_trace() {
+    let out = std::env::temp_dir().join(format!("lens-demo-{}.json", std::process::id()));
+    let run = lens(
+        &[
+            "demo",
+            "--ranks",
+            "4",
+            "--steps",
+            "2",
+            "--out",
+            out.to_str().expect("utf-8"),
+        ],
+        DEADLINE,
+    );
+    assert!(run.ok, "stderr: {}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("ok: 4 rank(s), 2 step(s), 6 cross-rank link(s) verified"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("rank 3"),
+        "terminal view shows every rank:\n{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("↳ link"),
+        "terminal view shows links:\n{}",
+        run.stdout
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("trace file"))
+            .expect("valid JSON");
+    let _ = std::fs::remove_file(&out);
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let spans: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(spans.len(), 2 + 3 * 2, "2 train_step + 6 stage spans");
+    assert!(
+        spans
+            .iter()
+            .all(|e| e["dur"].as_f64().is_some_and(|d| d >= 0.0) && e["ts"].as_f64().is_some())
+    );
+    let starts = events.iter().filter(|e| e["ph"] == "s").count();
+    let finishes = events.iter().filter(|e| e["ph"] == "f").count();
+    assert_eq!((starts, finishes), (6, 6), "one flow arrow per link");
+    let processes = events.iter().filter(|e| e["ph"] == "M").count();
+    assert_eq!(processes, 4);
+    // With --parent remote every stage span shares its step's trace id.
+    for step in spans.iter().filter(|e| e["name"] == "train_step") {
+        let trace = &step["args"]["trace_id"];
+        let same = spans
+            .iter()
+            .filter(|e| e["args"]["trace_id"] == *trace)
+            .count();
+        assert_eq!(same, 4, "train_step and three stages in one trace");
+    }
+}
+
+#[test]
+fn demo_with_current_parent() {
+    let run = lens(
+        &[
+            "demo", "--ranks", "3", "--steps", "1", "--parent", "current",
+        ],
+        DEADLINE,
+    );
+    assert!(run.ok, "stderr: {}", run.stderr);
+    assert!(
+        run.stdout.contains("each rank keeps its own parent"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn demo_fails_with_one_line_reason_when_a_rank_never_joins() {
+    let started = Instant::now();
+    let run = lens(
+        &[
+            "demo",
+            "--ranks",
+            "3",
+            "--inject",
+            "absent:0",
+            "--timeout",
+            "0.3",
+            "--quiet",
+        ],
+        DEADLINE,
+    );
+    assert!(!run.ok);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let line = run.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+    assert!(
+        line.contains("timed out") && line.contains("[0]") && line.contains("never joined: [0]"),
+        "{line}"
+    );
+}
+
+#[test]
+fn demo_fails_on_a_corrupted_payload() {
+    let run = lens(
+        &[
+            "demo",
+            "--ranks",
+            "3",
+            "--inject",
+            "corrupt:1",
+            "--timeout",
+            "0.5",
+            "--quiet",
+        ],
+        DEADLINE,
+    );
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("rank 1: received carrier is corrupt"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn demo_rejects_bad_arguments() {
+    for args in [
+        &["demo", "--ranks", "0"][..],
+        &["demo", "--inject", "absent:9"],
+        &["demo", "--inject", "explode:1"],
+        &["demo", "--timeout", "-1"],
+        &["bench", "--ranks", "0"],
+    ] {
+        let run = lens(args, DEADLINE);
+        assert!(!run.ok, "{args:?} should fail");
+        assert!(!run.stderr.is_empty(), "{args:?} should say why");
+    }
+}
+
+#[test]
+fn bench_prints_json_lines_for_raw_and_lens() {
+    let run = lens(
+        &["bench", "--ranks", "2,3", "--iters", "40", "--json"],
+        DEADLINE,
+    );
+    assert!(run.ok, "stderr: {}", run.stderr);
+    let lines: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for (line, (ranks, op)) in lines
+        .iter()
+        .zip([(2, "raw"), (2, "lens"), (3, "raw"), (3, "lens")])
+    {
+        assert_eq!(line["backend"], "local");
+        assert_eq!(line["ranks"], ranks);
+        assert_eq!(line["op"], op);
+        assert_eq!(line["iters"], 40);
+        assert!(line["bytes"].as_u64().is_some_and(|b| b > 55), "{line}");
+        let (median, p99) = (
+            line["median_us"].as_f64().expect("median"),
+            line["p99_us"].as_f64().expect("p99"),
+        );
+        assert!(median > 0.0 && p99 >= median, "{line}");
+    }
+    assert!(lines[1]["ratio_vs_raw"].as_f64().is_some());
+}
