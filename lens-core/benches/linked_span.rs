@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
                 .span_builder("pp.recv_forward")
                 .with_attributes(attrs())
                 .with_links(vec![Link::with_context(black_box(&sc).clone())]);
-            drop(tracer.build_with_context(builder, black_box(&Context::new())));
+            drop(tracer.build(black_box(builder)));
         })
     });
     g.bench_function("create_linked_span", |b| {
@@ -61,6 +61,15 @@ fn bench(c: &mut Criterion) {
                 attrs(),
             ))
         })
+    });
+    let fresh = carrier.encode();
+    g.bench_function("create_linked_span_fresh_carrier", |b| {
+        // Worst case: a carrier never used before, so its traceparent is parsed here.
+        b.iter_batched(
+            || Carrier::decode(&fresh).expect("decodes"),
+            |c| drop(create_linked_span(&tracer, "pp.recv_forward.linked", &c, attrs())),
+            criterion::BatchSize::SmallInput,
+        )
     });
     g.finish();
 }

@@ -148,10 +148,12 @@ pub fn create_linked_span<T: Tracer>(
     remote: impl Into<Remote>,
     attributes: Vec<KeyValue>,
 ) -> T::Span {
-    LinkedSpan::builder(name)
-        .remote(remote)
-        .attributes(attributes)
-        .start(tracer)
+    // Hand the attributes over as they are: `attributes()` would copy them into a new Vec.
+    LinkedSpanBuilder {
+        attributes,
+        ..LinkedSpan::builder(name).remote(remote)
+    }
+    .start(tracer)
 }
 
 /// Namespace for [`LinkedSpan::builder`].
@@ -241,8 +243,7 @@ impl LinkedSpanBuilder {
 
     /// Starts the span with `tracer`, the parent taken from the current context.
     pub fn start<T: Tracer>(self, tracer: &T) -> T::Span {
-        let current = Context::current();
-        self.start_with_context(tracer, &current)
+        Context::map_current(|cx| self.start_with_context(tracer, cx))
     }
 
     /// Starts the span with `tracer`, using `cx` as the "current" context.
@@ -260,10 +261,17 @@ impl LinkedSpanBuilder {
             attrs.extend(self.link_attributes);
             links.push(Link::new(sc.clone(), attrs, 0));
         }
+        let own_parent;
         let parent_cx = match (self.parent, &self.remote.span_context) {
-            (Parent::Remote, Some(sc)) => cx.with_remote_span_context(sc.clone()),
-            (Parent::Root, _) => Context::new(),
-            _ => cx.clone(),
+            (Parent::Remote, Some(sc)) => {
+                own_parent = cx.with_remote_span_context(sc.clone());
+                &own_parent
+            }
+            (Parent::Root, _) => {
+                own_parent = Context::new();
+                &own_parent
+            }
+            _ => cx,
         };
         let mut builder = tracer
             .span_builder(self.name)
@@ -271,6 +279,6 @@ impl LinkedSpanBuilder {
             .with_attributes(self.attributes)
             .with_links(links);
         builder.start_time = self.start_time;
-        tracer.build_with_context(builder, &parent_cx)
+        tracer.build_with_context(builder, parent_cx)
     }
 }

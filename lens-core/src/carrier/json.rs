@@ -5,7 +5,22 @@
 //! separators (`", "`, `": "`) and ASCII escaping byte for byte, and the decoder must
 //! reject everything that is not an object of strings with a precise error.
 
-use super::CarrierError;
+use std::borrow::Cow;
+
+use super::{BAGGAGE, CarrierError, TRACEPARENT, TRACESTATE};
+
+/// A carrier key: the three W3C keys are shared statics, others are owned.
+pub(crate) type Key = Cow<'static, str>;
+
+/// Returns the static copy of a well-known key, so decoding allocates only values.
+pub(crate) fn intern(key: String) -> Key {
+    match key.as_str() {
+        TRACEPARENT => Cow::Borrowed(TRACEPARENT),
+        TRACESTATE => Cow::Borrowed(TRACESTATE),
+        BAGGAGE => Cow::Borrowed(BAGGAGE),
+        _ => Cow::Owned(key),
+    }
+}
 
 /// Appends `s` as a JSON string literal the way Python's `json.dumps` writes it with its
 /// default `ensure_ascii=True`: every character outside `' '..='~'` is escaped.
@@ -13,6 +28,12 @@ pub(crate) fn write_string(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = s.as_bytes();
+    // Carriers are almost always plain ASCII: copy them in one go.
+    if super::scan::json_plain(bytes) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut plain_from = 0;
     for (i, &b) in bytes.iter().enumerate() {
         if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {
@@ -63,7 +84,7 @@ fn utf8_len(first: u8) -> usize {
 
 /// Encodes ordered pairs as Python's `json.dumps(dict)` does.
 pub(crate) fn encode<'a>(entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + entries.len() * 96);
+    let mut out = Vec::with_capacity(2 + entries.len() * 100);
     out.push(b'{');
     for (i, (k, v)) in entries.enumerate() {
         if i > 0 {
@@ -78,7 +99,7 @@ pub(crate) fn encode<'a>(entries: impl ExactSizeIterator<Item = (&'a str, &'a st
 }
 
 /// Decodes a JSON object whose values are all strings, keeping the order of its members.
-pub(crate) fn decode(input: &[u8], limit: usize) -> Result<Vec<(String, String)>, CarrierError> {
+pub(crate) fn decode(input: &[u8], limit: usize) -> Result<Vec<(Key, String)>, CarrierError> {
     if input.len() > limit {
         return Err(CarrierError::TooLarge {
             len: input.len(),
@@ -99,25 +120,25 @@ pub(crate) fn decode(input: &[u8], limit: usize) -> Result<Vec<(String, String)>
         Some(b'{') => p.pos += 1,
         Some(_) => return Err(CarrierError::NotAnObject),
     }
-    let mut entries: Vec<(String, String)> = Vec::new();
+    let mut entries: Vec<(Key, String)> = Vec::with_capacity(3);
     p.skip_ws();
     if p.peek() == Some(b'}') {
         p.pos += 1;
     } else {
         loop {
             p.skip_ws();
-            let key = p.string("a string key")?;
+            let key = intern(p.string("a string key")?);
             p.skip_ws();
             p.expect(b':', "':' after a key")?;
             p.skip_ws();
             match p.peek() {
                 None => return Err(CarrierError::UnexpectedEnd),
                 Some(b'"') => {}
-                Some(_) => return Err(CarrierError::NonStringValue { key }),
+                Some(_) => return Err(CarrierError::NonStringValue { key: key.into_owned() }),
             }
             let value = p.string("a string value")?;
             if entries.iter().any(|(k, _)| *k == key) {
-                return Err(CarrierError::DuplicateKey { key });
+                return Err(CarrierError::DuplicateKey { key: key.into_owned() });
             }
             entries.push((key, value));
             p.skip_ws();
@@ -177,6 +198,15 @@ impl Parser<'_> {
 
     fn string(&mut self, expected: &'static str) -> Result<String, CarrierError> {
         self.expect(b'"', expected)?;
+        let start = self.pos;
+        // Fast path: up to the next quote there is no escape and no control character, so
+        // the run is the string.
+        if let Some(len) = memchr::memchr(b'"', &self.s[start..]) {
+            if super::scan::json_unescaped(&self.s[start..start + len]) {
+                self.pos = start + len + 1;
+                return Ok(self.text[start..start + len].to_owned());
+            }
+        }
         let mut out = String::new();
         let mut plain_from = self.pos;
         loop {

@@ -1,9 +1,11 @@
 //! The W3C carrier: what travels between ranks.
 
 mod json;
+mod scan;
 pub mod w3c;
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use opentelemetry::Context;
 use opentelemetry::baggage::BaggageExt;
@@ -104,8 +106,11 @@ pub enum CarrierError {
 /// ```
 #[derive(Clone, Default)]
 pub struct Carrier {
-    entries: Vec<(String, String)>,
+    entries: Vec<(json::Key, String)>,
     source_rank: Option<usize>,
+    // The parsed span context, computed on first use: one broadcast carrier typically
+    // feeds many linked spans (one per micro-batch). Reset by every mutation.
+    parsed: OnceLock<Option<SpanContext>>,
 }
 
 impl PartialEq for Carrier {
@@ -147,19 +152,20 @@ impl Carrier {
         let span = cx.span();
         let sc = span.span_context();
         if sc.is_valid() {
-            entries.push((TRACEPARENT.to_owned(), w3c::format_traceparent(sc)));
+            entries.push((TRACEPARENT.into(), w3c::format_traceparent(sc)));
             let state = sc.trace_state().header();
             if !state.is_empty() {
-                entries.push((TRACESTATE.to_owned(), state));
+                entries.push((TRACESTATE.into(), state));
             }
         }
         let baggage = cx.baggage();
         if !baggage.is_empty() {
-            entries.push((BAGGAGE.to_owned(), w3c::format_baggage(baggage)));
+            entries.push((BAGGAGE.into(), w3c::format_baggage(baggage)));
         }
         Carrier {
             entries,
             source_rank: None,
+            parsed: OnceLock::new(),
         }
     }
 
@@ -189,6 +195,10 @@ impl Carrier {
     ///
     /// An invalid `tracestate` is dropped (as the W3C rules say) and the span context kept.
     pub fn span_context(&self) -> Option<SpanContext> {
+        self.parsed.get_or_init(|| self.parse_span_context()).clone()
+    }
+
+    fn parse_span_context(&self) -> Option<SpanContext> {
         let parent = w3c::parse_traceparent(self.get(TRACEPARENT)?).ok()?;
         let state = self
             .get(TRACESTATE)
@@ -212,7 +222,7 @@ impl Carrier {
     /// Encodes as Python's `json.dumps(carrier).encode()` does: `", "` and `": "` separators,
     /// non-ASCII and control characters as `\uXXXX`, insertion order kept.
     pub fn encode(&self) -> Vec<u8> {
-        json::encode(self.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        json::encode(self.entries.iter().map(|(k, v)| (k.as_ref(), v.as_str())))
     }
 
     /// Decodes a JSON object of string values, at most [`Carrier::DEFAULT_MAX_LEN`] bytes.
@@ -231,6 +241,7 @@ impl Carrier {
         Ok(Carrier {
             entries: json::decode(bytes, limit)?,
             source_rank: None,
+            parsed: OnceLock::new(),
         })
     }
 
@@ -286,7 +297,8 @@ impl Carrier {
 
     /// Sets `key` to `value`, in place if present, else at the end.
     pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) {
-        let (key, value) = (key.into(), value.into());
+        self.parsed = OnceLock::new();
+        let (key, value) = (json::intern(key.into()), value.into());
         match self.entries.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
             None => self.entries.push((key, value)),
@@ -296,12 +308,13 @@ impl Carrier {
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &str) -> Option<String> {
         let at = self.entries.iter().position(|(k, _)| k == key)?;
+        self.parsed = OnceLock::new();
         Some(self.entries.remove(at).1)
     }
 
     /// The entries in insertion order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.entries.iter().map(|(k, v)| (k.as_ref(), v.as_str()))
     }
 
     /// Number of entries.
@@ -338,7 +351,7 @@ impl Extractor for Carrier {
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.entries.iter().map(|(k, _)| k.as_str()).collect()
+        self.entries.iter().map(|(k, _)| k.as_ref()).collect()
     }
 }
 

@@ -5,6 +5,8 @@
 //! `traceparent` and `tracestate` itself and hands the SDK only what the rules allow.
 
 use opentelemetry::baggage::Baggage;
+
+use super::scan;
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 
 /// A parsed, valid `traceparent` header.
@@ -212,40 +214,43 @@ pub fn parse_tracestate(header: &str) -> Result<TraceState, TraceStateError> {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    for &b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
+fn hex_into(buf: &mut [u8], bytes: &[u8]) {
+    for (pair, &b) in buf.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
     }
 }
 
 /// Formats a version-00 `traceparent` with all eight flag bits of `sc`.
 pub fn format_traceparent(sc: &SpanContext) -> String {
-    let mut out = String::with_capacity(55);
-    out.push_str("00-");
-    push_hex(&mut out, &sc.trace_id().to_bytes());
-    out.push('-');
-    push_hex(&mut out, &sc.span_id().to_bytes());
-    out.push('-');
-    push_hex(&mut out, &[sc.trace_flags().to_u8()]);
-    out
+    let mut buf = *b"00-................................-................-..";
+    hex_into(&mut buf[3..35], &sc.trace_id().to_bytes());
+    hex_into(&mut buf[36..52], &sc.span_id().to_bytes());
+    hex_into(&mut buf[53..55], &[sc.trace_flags().to_u8()]);
+    // Every byte is ASCII, so this never falls back.
+    std::str::from_utf8(&buf).map(str::to_owned).unwrap_or_default()
 }
 
 fn push_baggage_text(out: &mut String, s: &str) {
-    for &b in s.as_bytes() {
-        // baggage-octet, less '%' (so that decoding is exact) and '=' (the separator).
-        let plain = matches!(b, 0x21 | 0x23..=0x2b | 0x2d..=0x3a | 0x3c..=0x5b | 0x5d..=0x7e)
-            && b != b'%'
-            && b != b'=';
-        if plain {
-            out.push(char::from(b));
-        } else {
+    if scan::baggage_plain(s.as_bytes()) {
+        out.push_str(s);
+        return;
+    }
+    let mut plain_from = 0;
+    for (i, &b) in s.as_bytes().iter().enumerate() {
+        if !scan::baggage_plain_byte(b) {
+            // Runs of plain bytes are whole ASCII, so these slices fall on char boundaries.
+            out.push_str(s.get(plain_from..i).unwrap_or_default());
             out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)].to_ascii_uppercase()));
-            out.push(char::from(HEX[usize::from(b & 0xf)].to_ascii_uppercase()));
+            out.push(char::from(HEX_UPPER[usize::from(b >> 4)]));
+            out.push(char::from(HEX_UPPER[usize::from(b & 0xf)]));
+            plain_from = i + 1;
         }
     }
+    out.push_str(s.get(plain_from..).unwrap_or_default());
 }
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Formats a W3C `baggage` header: `name=value[;metadata]` members joined by `,`, names and
 /// values percent-encoded.
