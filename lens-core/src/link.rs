@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, Tracer};
+use opentelemetry::trace::{Link, SpanBuilder, SpanContext, SpanKind, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 
 use crate::carrier::Carrier;
@@ -273,11 +273,11 @@ impl LinkedSpanBuilder {
             }
             _ => cx,
         };
-        let mut builder = tracer
-            .span_builder(self.name)
-            .with_kind(self.kind)
-            .with_attributes(self.attributes)
-            .with_links(links);
+        // Fields set in place: the `with_*` chain moves the (large) builder at every step.
+        let mut builder = SpanBuilder::from_name(self.name);
+        builder.span_kind = Some(self.kind);
+        builder.attributes = Some(self.attributes);
+        builder.links = (!links.is_empty()).then_some(links);
         builder.start_time = self.start_time;
         tracer.build_with_context(builder, parent_cx)
     }
