@@ -67,7 +67,14 @@ fn bench(c: &mut Criterion) {
         // Worst case: a carrier never used before, so its traceparent is parsed here.
         b.iter_batched(
             || Carrier::decode(&fresh).expect("decodes"),
-            |c| drop(create_linked_span(&tracer, "pp.recv_forward.linked", &c, attrs())),
+            |c| {
+                drop(create_linked_span(
+                    &tracer,
+                    "pp.recv_forward.linked",
+                    &c,
+                    attrs(),
+                ))
+            },
             criterion::BatchSize::SmallInput,
         )
     });

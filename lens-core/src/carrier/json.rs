@@ -134,11 +134,17 @@ pub(crate) fn decode(input: &[u8], limit: usize) -> Result<Vec<(Key, String)>, C
             match p.peek() {
                 None => return Err(CarrierError::UnexpectedEnd),
                 Some(b'"') => {}
-                Some(_) => return Err(CarrierError::NonStringValue { key: key.into_owned() }),
+                Some(_) => {
+                    return Err(CarrierError::NonStringValue {
+                        key: key.into_owned(),
+                    });
+                }
             }
             let value = p.string("a string value")?;
             if entries.iter().any(|(k, _)| *k == key) {
-                return Err(CarrierError::DuplicateKey { key: key.into_owned() });
+                return Err(CarrierError::DuplicateKey {
+                    key: key.into_owned(),
+                });
             }
             entries.push((key, value));
             p.skip_ws();

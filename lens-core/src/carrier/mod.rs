@@ -195,7 +195,9 @@ impl Carrier {
     ///
     /// An invalid `tracestate` is dropped (as the W3C rules say) and the span context kept.
     pub fn span_context(&self) -> Option<SpanContext> {
-        self.parsed.get_or_init(|| self.parse_span_context()).clone()
+        self.parsed
+            .get_or_init(|| self.parse_span_context())
+            .clone()
     }
 
     fn parse_span_context(&self) -> Option<SpanContext> {

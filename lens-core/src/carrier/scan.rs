@@ -93,12 +93,24 @@ mod tests {
                 for v in 0..=255u8 {
                     let mut s = vec![b'a'; len];
                     s[pos] = v;
-                    assert_eq!(json_plain(&s), json_plain_byte(v), "json_plain {v:#x} at {pos}/{len}");
-                    assert_eq!(json_unescaped(&s), unescaped_byte(v), "json_unescaped {v:#x} at {pos}/{len}");
+                    assert_eq!(
+                        json_plain(&s),
+                        json_plain_byte(v),
+                        "json_plain {v:#x} at {pos}/{len}"
+                    );
+                    assert_eq!(
+                        json_unescaped(&s),
+                        unescaped_byte(v),
+                        "json_unescaped {v:#x} at {pos}/{len}"
+                    );
                     let want = matches!(v, 0x21 | 0x23..=0x2b | 0x2d..=0x3a | 0x3c..=0x5b | 0x5d..=0x7e)
                         && v != b'%'
                         && v != b'=';
-                    assert_eq!(baggage_plain(&s), want, "baggage_plain {v:#x} at {pos}/{len}");
+                    assert_eq!(
+                        baggage_plain(&s),
+                        want,
+                        "baggage_plain {v:#x} at {pos}/{len}"
+                    );
                 }
             }
         }

@@ -228,7 +228,9 @@ pub fn format_traceparent(sc: &SpanContext) -> String {
     hex_into(&mut buf[36..52], &sc.span_id().to_bytes());
     hex_into(&mut buf[53..55], &[sc.trace_flags().to_u8()]);
     // Every byte is ASCII, so this never falls back.
-    std::str::from_utf8(&buf).map(str::to_owned).unwrap_or_default()
+    std::str::from_utf8(&buf)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 fn push_baggage_text(out: &mut String, s: &str) {
