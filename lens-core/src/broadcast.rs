@@ -94,7 +94,7 @@ async fn broadcast_impl(
     if b.rank() == src_rank {
         let cx = cx.cloned().unwrap_or_else(Context::current);
         let carrier = Carrier::from_context(&cx);
-        let bytes = carrier.encode();
+        let bytes = carrier.to_bytes();
         let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
         if bytes.len() > limit {
             // An empty payload is never a carrier ("{}" is the smallest): it tells the other
@@ -115,7 +115,7 @@ async fn broadcast_impl(
         if bytes.is_empty() {
             return Err(Error::SourceFailed { root: src_rank });
         }
-        let carrier = Carrier::decode(&bytes)?;
+        let carrier = Carrier::decode_vec(bytes, Carrier::DEFAULT_MAX_LEN)?;
         match carrier.get(TRACEPARENT) {
             None => Ok(None),
             Some(tp) if parse_traceparent(tp).is_ok() => {

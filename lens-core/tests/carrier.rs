@@ -430,3 +430,107 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+#[test]
+fn compact_and_general_forms_behave_the_same() {
+    // Canonical bytes (kept as they are) and the same entries written with other spacing
+    // (decoded into separate strings) give equal carriers with equal behaviour.
+    let canonical = br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "k=v"}"#;
+    let spaced = b"{ \"traceparent\":\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\",\n \"baggage\" : \"k=v\" }";
+    let a = Carrier::decode(canonical).expect("canonical");
+    let b = Carrier::decode(spaced).expect("spaced");
+    assert_eq!(a, b);
+    assert_eq!(a.encode(), b.encode());
+    assert_eq!(
+        a.to_bytes().as_ref(),
+        canonical.as_slice(),
+        "canonical bytes are kept as received"
+    );
+    assert_eq!(a.get("BAGGAGE"), Some("k=v"));
+    assert_eq!(a.span_context(), b.span_context());
+
+    // Editing a compact carrier works and invalidates the cached span context.
+    let mut c = a.clone();
+    assert!(c.span_context().is_some());
+    c.insert("traceparent", "not valid");
+    assert!(c.span_context().is_none());
+    c.insert("tracestate", "x=1");
+    assert_eq!(
+        c.iter().collect::<Vec<_>>(),
+        vec![
+            ("traceparent", "not valid"),
+            ("baggage", "k=v"),
+            ("tracestate", "x=1")
+        ]
+    );
+    assert_eq!(c.remove("baggage"), Some("k=v".to_owned()));
+    assert_eq!(c.len(), 2);
+    let mut d = a.clone();
+    assert_eq!(
+        d.remove("traceparent").as_deref(),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    );
+    assert!(d.span_context().is_none());
+    assert_eq!(a.len(), 2, "clones are independent");
+}
+
+#[test]
+fn canonical_edge_cases() {
+    let rows: &[(&str, &[u8], Result<usize, ()>)] = &[
+        ("empty object", b"{}", Ok(0)),
+        (
+            "five entries (more than kept inline)",
+            br#"{"a": "1", "b": "2", "c": "3", "d": "4", "e": "5"}"#,
+            Ok(5),
+        ),
+        (
+            "escaped quote falls back to the general decoder",
+            br#"{"a": "x\"y"}"#,
+            Ok(1),
+        ),
+        ("non-ASCII falls back", "{\"a\": \"é\"}".as_bytes(), Ok(1)),
+        (
+            "duplicate in canonical form",
+            br#"{"a": "1", "a": "2"}"#,
+            Err(()),
+        ),
+        ("canonical prefix, trailing bytes", br#"{"a": "1"} "#, Ok(1)),
+        (
+            "canonical prefix, garbage after",
+            br#"{"a": "1"}x"#,
+            Err(()),
+        ),
+        ("missing close", br#"{"a": "1""#, Err(())),
+        ("one space too few", br#"{"a":"1"}"#, Ok(1)),
+    ];
+    for (why, input, want) in rows {
+        let got = Carrier::decode(input).map(|c| c.len()).map_err(|_| ());
+        assert_eq!(&got, want, "{why}");
+        if let Ok(c) = Carrier::decode(input) {
+            assert_eq!(
+                Carrier::decode(&c.encode()).expect("re-encoded decodes"),
+                c,
+                "{why}: round trip"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// Canonical bytes and a re-spaced copy decode to the same carrier.
+    #[test]
+    fn spacing_does_not_change_the_carrier(entries in entries()) {
+        let carrier: Carrier = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let canonical = carrier.encode();
+        let text = String::from_utf8(canonical.clone()).expect("ascii");
+        // Whitespace only where it cannot fall inside a string: after '{' and before '}'.
+        let spaced = format!("{{ \n{}\t}}", &text[1..text.len() - 1]);
+        let a = Carrier::decode_with_limit(&canonical, usize::MAX).expect("canonical decodes");
+        let b = Carrier::decode_with_limit(spaced.as_bytes(), usize::MAX).expect("spaced decodes");
+        prop_assert_eq!(&a, &carrier);
+        prop_assert_eq!(a.encode(), canonical);
+        prop_assert_eq!(&b, &carrier);
+    }
+}

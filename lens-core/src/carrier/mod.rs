@@ -3,7 +3,9 @@
 mod json;
 mod scan;
 pub mod w3c;
+mod wire;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -106,16 +108,56 @@ pub enum CarrierError {
 /// ```
 #[derive(Clone, Default)]
 pub struct Carrier {
-    entries: Vec<(json::Key, String)>,
+    repr: Repr,
     source_rank: Option<usize>,
     // The parsed span context, computed on first use: one broadcast carrier typically
     // feeds many linked spans (one per micro-batch). Reset by every mutation.
     parsed: OnceLock<Option<SpanContext>>,
 }
 
+/// How the entries are held.
+#[derive(Clone, Debug)]
+enum Repr {
+    /// Canonical JSON text with the entries' positions: what decoding and injecting produce
+    /// in the usual case, with no allocation per entry.
+    Wire(wire::Wire),
+    /// Separate strings: carriers with escapes, non-ASCII text, many entries, or edits.
+    Owned(Vec<(json::Key, String)>),
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Owned(Vec::new())
+    }
+}
+
+/// The entries of a [`Carrier`] in insertion order; see [`Carrier::iter`].
+#[derive(Debug, Clone)]
+pub struct Iter<'a> {
+    carrier: &'a Carrier,
+    next: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.carrier.entry(self.next)?;
+        self.next += 1;
+        Some(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.carrier.len().saturating_sub(self.next);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
 impl PartialEq for Carrier {
     fn eq(&self, other: &Self) -> bool {
-        self.entries == other.entries
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -124,8 +166,8 @@ impl Eq for Carrier {}
 impl fmt::Debug for Carrier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut m = f.debug_map();
-        for (k, v) in &self.entries {
-            m.entry(k, v);
+        for (k, v) in self.iter() {
+            m.entry(&k, &v);
         }
         m.finish()
     }
@@ -148,22 +190,45 @@ impl Carrier {
     /// Baggage names and values are percent-encoded per W3C Baggage (every octet outside
     /// `baggage-octet`, plus `%` and `=`), so any string survives the round trip.
     pub fn from_context(cx: &Context) -> Self {
-        let mut entries = Vec::with_capacity(3);
         let span = cx.span();
         let sc = span.span_context();
+        let baggage = cx.baggage();
+        let state = if sc.is_valid() {
+            sc.trace_state().header()
+        } else {
+            String::new()
+        };
+        // Written straight into canonical JSON; values that would need escaping (odd
+        // tracestate or baggage metadata) take the general path below.
+        let mut w = wire::WireWriter::new();
+        let mut plain = true;
         if sc.is_valid() {
-            entries.push((TRACEPARENT.into(), w3c::format_traceparent(sc)));
-            let state = sc.trace_state().header();
+            plain &= w.entry(TRACEPARENT, |out| w3c::write_traceparent(out, sc));
             if !state.is_empty() {
-                entries.push((TRACESTATE.into(), state));
+                plain &= w.entry(TRACESTATE, |out| out.extend_from_slice(state.as_bytes()));
             }
         }
-        let baggage = cx.baggage();
         if !baggage.is_empty() {
-            entries.push((BAGGAGE.into(), w3c::format_baggage(baggage)));
+            plain &= w.entry(BAGGAGE, |out| w3c::write_baggage(out, baggage));
         }
+        let repr = match plain.then(|| w.finish()).flatten() {
+            Some(wire) => Repr::Wire(wire),
+            None => {
+                let mut entries = Vec::with_capacity(3);
+                if sc.is_valid() {
+                    entries.push((TRACEPARENT.into(), w3c::format_traceparent(sc)));
+                    if !state.is_empty() {
+                        entries.push((TRACESTATE.into(), state));
+                    }
+                }
+                if !baggage.is_empty() {
+                    entries.push((BAGGAGE.into(), w3c::format_baggage(baggage)));
+                }
+                Repr::Owned(entries)
+            }
+        };
         Carrier {
-            entries,
+            repr,
             source_rank: None,
             parsed: OnceLock::new(),
         }
@@ -224,7 +289,18 @@ impl Carrier {
     /// Encodes as Python's `json.dumps(carrier).encode()` does: `", "` and `": "` separators,
     /// non-ASCII and control characters as `\uXXXX`, insertion order kept.
     pub fn encode(&self) -> Vec<u8> {
-        json::encode(self.entries.iter().map(|(k, v)| (k.as_ref(), v.as_str())))
+        self.to_bytes().into_owned()
+    }
+
+    /// [`Carrier::encode`] without a copy when the carrier already holds its canonical
+    /// bytes (as decoded and injected carriers usually do).
+    pub fn to_bytes(&self) -> Cow<'_, [u8]> {
+        match &self.repr {
+            Repr::Wire(w) => Cow::Borrowed(w.json().as_bytes()),
+            Repr::Owned(entries) => Cow::Owned(json::encode(
+                entries.iter().map(|(k, v)| (k.as_ref(), v.as_str())),
+            )),
+        }
     }
 
     /// Decodes a JSON object of string values, at most [`Carrier::DEFAULT_MAX_LEN`] bytes.
@@ -240,11 +316,50 @@ impl Carrier {
     /// # Errors
     /// As [`Carrier::decode`].
     pub fn decode_with_limit(bytes: &[u8], limit: usize) -> Result<Self, CarrierError> {
+        Self::decode_vec(bytes.to_vec(), limit)
+    }
+
+    /// Decodes bytes the caller no longer needs, keeping them as the carrier's text when
+    /// they are canonical (no copy).
+    pub(crate) fn decode_vec(bytes: Vec<u8>, limit: usize) -> Result<Self, CarrierError> {
+        if bytes.len() > limit {
+            return Err(CarrierError::TooLarge {
+                len: bytes.len(),
+                limit,
+            });
+        }
+        let repr = match wire::Wire::parse(bytes) {
+            Ok(w) => Repr::Wire(w),
+            Err(bytes) => Repr::Owned(json::decode(&bytes, limit)?),
+        };
         Ok(Carrier {
-            entries: json::decode(bytes, limit)?,
+            repr,
             source_rank: None,
             parsed: OnceLock::new(),
         })
+    }
+
+    fn entry(&self, i: usize) -> Option<(&str, &str)> {
+        match &self.repr {
+            Repr::Wire(w) => w.entry(i),
+            Repr::Owned(e) => e.get(i).map(|(k, v)| (k.as_ref(), v.as_str())),
+        }
+    }
+
+    /// The entries as separate strings, converting the compact form first.
+    fn owned_entries(&mut self) -> &mut Vec<(json::Key, String)> {
+        if let Repr::Wire(w) = &self.repr {
+            let entries = (0..w.len())
+                .filter_map(|i| w.entry(i))
+                .map(|(k, v)| (json::intern(k.to_owned()), v.to_owned()))
+                .collect();
+            self.repr = Repr::Owned(entries);
+        }
+        self.parsed = OnceLock::new();
+        match &mut self.repr {
+            Repr::Owned(e) => e,
+            Repr::Wire(_) => unreachable!("converted above"),
+        }
     }
 
     /// Reads `TRACEPARENT`, `TRACESTATE` and `BAGGAGE` from the process environment
@@ -286,47 +401,47 @@ impl Carrier {
     /// The value stored under `key` (exact match first, then ASCII case-insensitive, as
     /// header names are).
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.entries
-            .iter()
-            .find(|(k, _)| k == key)
-            .or_else(|| {
-                self.entries
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            })
-            .map(|(_, v)| v.as_str())
+        self.iter()
+            .find(|(k, _)| *k == key)
+            .or_else(|| self.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)))
+            .map(|(_, v)| v)
     }
 
     /// Sets `key` to `value`, in place if present, else at the end.
     pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) {
-        self.parsed = OnceLock::new();
         let (key, value) = (json::intern(key.into()), value.into());
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
+        let entries = self.owned_entries();
+        match entries.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
-            None => self.entries.push((key, value)),
+            None => entries.push((key, value)),
         }
     }
 
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &str) -> Option<String> {
-        let at = self.entries.iter().position(|(k, _)| k == key)?;
-        self.parsed = OnceLock::new();
-        Some(self.entries.remove(at).1)
+        let at = self.iter().position(|(k, _)| k == key)?;
+        Some(self.owned_entries().remove(at).1)
     }
 
     /// The entries in insertion order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.entries.iter().map(|(k, v)| (k.as_ref(), v.as_str()))
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            carrier: self,
+            next: 0,
+        }
     }
 
     /// Number of entries.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        match &self.repr {
+            Repr::Wire(w) => w.len(),
+            Repr::Owned(e) => e.len(),
+        }
     }
 
     /// True when there are no entries.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// The rank this carrier was broadcast from, when it came from a broadcast.
@@ -353,7 +468,7 @@ impl Extractor for Carrier {
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.entries.iter().map(|(k, _)| k.as_ref()).collect()
+        self.iter().map(|(k, _)| k).collect()
     }
 }
 

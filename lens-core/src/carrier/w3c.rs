@@ -214,62 +214,84 @@ pub fn parse_tracestate(header: &str) -> Result<TraceState, TraceStateError> {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn hex_into(buf: &mut [u8], bytes: &[u8]) {
-    for (pair, &b) in buf.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
-    }
-}
-
-/// Formats a version-00 `traceparent` with all eight flag bits of `sc`.
-pub fn format_traceparent(sc: &SpanContext) -> String {
+/// Appends a version-00 `traceparent` with all eight flag bits of `sc`.
+pub(crate) fn write_traceparent(out: &mut Vec<u8>, sc: &SpanContext) {
     let mut buf = *b"00-................................-................-..";
-    hex_into(&mut buf[3..35], &sc.trace_id().to_bytes());
-    hex_into(&mut buf[36..52], &sc.span_id().to_bytes());
-    hex_into(&mut buf[53..55], &[sc.trace_flags().to_u8()]);
-    // Every byte is ASCII, so this never falls back.
-    std::str::from_utf8(&buf)
-        .map(str::to_owned)
-        .unwrap_or_default()
+    for (i, b) in sc.trace_id().to_bytes().into_iter().enumerate() {
+        [buf[3 + 2 * i], buf[4 + 2 * i]] = HEX_PAIRS[usize::from(b)];
+    }
+    for (i, b) in sc.span_id().to_bytes().into_iter().enumerate() {
+        [buf[36 + 2 * i], buf[37 + 2 * i]] = HEX_PAIRS[usize::from(b)];
+    }
+    [buf[53], buf[54]] = HEX_PAIRS[usize::from(sc.trace_flags().to_u8())];
+    out.extend_from_slice(&buf);
 }
 
-fn push_baggage_text(out: &mut String, s: &str) {
-    if scan::baggage_plain(s.as_bytes()) {
-        out.push_str(s);
+/// Text the writers made from valid UTF-8 pieces.
+pub(crate) fn into_string(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A version-00 `traceparent` with all eight flag bits of `sc`.
+pub fn format_traceparent(sc: &SpanContext) -> String {
+    let mut out = Vec::with_capacity(55);
+    write_traceparent(&mut out, sc);
+    into_string(out)
+}
+
+fn push_baggage_text(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    if scan::baggage_plain(bytes) {
+        out.extend_from_slice(bytes);
         return;
     }
-    let mut plain_from = 0;
-    for (i, &b) in s.as_bytes().iter().enumerate() {
-        if !scan::baggage_plain_byte(b) {
-            // Runs of plain bytes are whole ASCII, so these slices fall on char boundaries.
-            out.push_str(s.get(plain_from..i).unwrap_or_default());
-            out.push('%');
-            out.push(char::from(HEX_UPPER[usize::from(b >> 4)]));
-            out.push(char::from(HEX_UPPER[usize::from(b & 0xf)]));
-            plain_from = i + 1;
+    for &b in bytes {
+        if scan::baggage_plain_byte(b) {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[
+                b'%',
+                HEX_UPPER[usize::from(b >> 4)],
+                HEX_UPPER[usize::from(b & 0xf)],
+            ]);
         }
     }
-    out.push_str(s.get(plain_from..).unwrap_or_default());
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
-/// Formats a W3C `baggage` header: `name=value[;metadata]` members joined by `,`, names and
+/// Lowercase hex of every byte value.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    let mut t = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = [HEX[b >> 4], HEX[b & 0xf]];
+        b += 1;
+    }
+    t
+};
+
+/// A W3C `baggage` header: `name=value[;metadata]` members joined by `,`, names and
 /// values percent-encoded.
 pub fn format_baggage(baggage: &Baggage) -> String {
-    let mut out = String::with_capacity(64);
+    let mut out = Vec::with_capacity(64);
+    write_baggage(&mut out, baggage);
+    into_string(out)
+}
+
+/// Appends [`format_baggage`]'s header to `out`.
+pub(crate) fn write_baggage(out: &mut Vec<u8>, baggage: &Baggage) {
     for (i, (name, (value, metadata))) in baggage.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        push_baggage_text(&mut out, name.as_str());
-        out.push('=');
-        push_baggage_text(&mut out, value.as_str());
+        push_baggage_text(out, name.as_str());
+        out.push(b'=');
+        push_baggage_text(out, value.as_str());
         let metadata = metadata.as_str().trim();
         if !metadata.is_empty() {
-            out.push(';');
-            out.push_str(metadata);
+            out.push(b';');
+            out.extend_from_slice(metadata.as_bytes());
         }
     }
-    out
 }
