@@ -203,9 +203,15 @@ impl Carrier {
         let mut w = wire::WireWriter::new();
         let mut plain = true;
         if sc.is_valid() {
-            plain &= w.entry(TRACEPARENT, |out| w3c::write_traceparent(out, sc));
+            plain &= w.entry(TRACEPARENT, |out| {
+                w3c::write_traceparent(out, sc);
+                true // lowercase hex and dashes
+            });
             if !state.is_empty() {
-                plain &= w.entry(TRACESTATE, |out| out.extend_from_slice(state.as_bytes()));
+                plain &= w.entry(TRACESTATE, |out| {
+                    out.extend_from_slice(state.as_bytes());
+                    scan::json_plain(state.as_bytes())
+                });
             }
         }
         if !baggage.is_empty() {

@@ -279,8 +279,11 @@ pub fn format_baggage(baggage: &Baggage) -> String {
     into_string(out)
 }
 
-/// Appends [`format_baggage`]'s header to `out`.
-pub(crate) fn write_baggage(out: &mut Vec<u8>, baggage: &Baggage) {
+/// Appends [`format_baggage`]'s header to `out`; true when all of it is printable ASCII
+/// without `"` or `\` (names and values always are, once percent-encoded; metadata is
+/// written as given).
+pub(crate) fn write_baggage(out: &mut Vec<u8>, baggage: &Baggage) -> bool {
+    let mut plain = true;
     for (i, (name, (value, metadata))) in baggage.iter().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -292,6 +295,8 @@ pub(crate) fn write_baggage(out: &mut Vec<u8>, baggage: &Baggage) {
         if !metadata.is_empty() {
             out.push(b';');
             out.extend_from_slice(metadata.as_bytes());
+            plain &= scan::json_plain(metadata.as_bytes());
         }
     }
+    plain
 }

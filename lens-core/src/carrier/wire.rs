@@ -119,9 +119,10 @@ impl WireWriter {
         }
     }
 
-    /// Adds `key` (plain ASCII) with the value `write` appends; `false` (and nothing is
-    /// usable) when the value is not plain or there are too many entries.
-    pub(crate) fn entry(&mut self, key: &str, write: impl FnOnce(&mut Vec<u8>)) -> bool {
+    /// Adds `key` (plain ASCII) with the value `write` appends; `write` says whether what
+    /// it wrote is plain (printable ASCII without `"` or `\`). `false` (and the writer is
+    /// then unusable) when it is not, or there are too many entries.
+    pub(crate) fn entry(&mut self, key: &str, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         if self.len == MAX_FIELDS {
             return false;
         }
@@ -134,10 +135,10 @@ impl WireWriter {
         let k1 = self.json.len();
         self.json.extend_from_slice(b"\": \"");
         let v0 = self.json.len();
-        write(&mut self.json);
+        let plain = write(&mut self.json);
         let v1 = self.json.len();
         self.json.push(b'"');
-        if !scan::json_plain(&self.json[v0..v1]) {
+        if !plain {
             return false;
         }
         self.fields[self.len] = Field {

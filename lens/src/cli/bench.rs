@@ -18,8 +18,8 @@ use serde_json::json;
 
 use super::{BackendArg, BenchArgs};
 
-const BLOCKS: usize = 4;
-const WARMUP: usize = 50;
+const BLOCKS: usize = 16;
+const WARMUP: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
