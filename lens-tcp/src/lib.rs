@@ -1,0 +1,29 @@
+//! ZeroMQ-over-TCP backend for **lens**.
+//!
+//! [`TcpBroadcaster`] joins a group of N ranks that may live in different processes on
+//! different hosts. Rank 0 binds the rendezvous address (torchrun's `MASTER_ADDR` and
+//! `MASTER_PORT`, or `LENS_TCP_ADDR`); every rank may be the root of any round.
+//! Frames are authenticated with a pre-shared job key (HMAC-SHA256; the bundled libzmq has
+//! no CURVE), numbered by round, and acknowledged, so a missing rank becomes
+//! [`lens_core::Error::Timeout`] naming it and a stranger's bytes never become a payload.
+//!
+//! ```no_run
+//! use lens_tcp::{TcpBroadcaster, TcpConfig};
+//!
+//! // Each rank of the job, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LENS_TCP_KEY set:
+//! let group = TcpBroadcaster::connect(TcpConfig::from_env()?)?;
+//! let carrier = lens_core::blocking::broadcast_trace_context(&group, 0)?;
+//! # Ok::<(), lens_core::Error>(())
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod config;
+mod frame;
+mod group;
+
+pub use config::{MIN_KEY_LEN, TcpConfig, TcpConfigBuilder};
+pub use group::{Rendezvous, TcpBroadcaster};

@@ -1,0 +1,59 @@
+//! Helpers: an in-process TCP group on loopback, one thread per rank.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use lens_tcp::{TcpBroadcaster, TcpConfig};
+
+pub const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
+
+pub fn config(rank: usize, n: usize, addr: &str, timeout: Duration) -> TcpConfig {
+    TcpConfig::builder()
+        .rank(rank)
+        .world_size(n)
+        .addr(addr)
+        .key(KEY)
+        .timeout(timeout)
+        .join_timeout(Duration::from_secs(20))
+        .build()
+        .expect("config")
+}
+
+/// Rank 0 on an ephemeral loopback port; returns its rendezvous and the address.
+pub fn hub(n: usize, timeout: Duration) -> (lens_tcp::Rendezvous, String) {
+    let hub = TcpBroadcaster::start(config(0, n, "127.0.0.1:0", timeout)).expect("bind");
+    let addr = hub.local_addr().expect("bound address").to_string();
+    (hub, addr)
+}
+
+/// A whole group of `n` ranks in this process.
+pub fn group(n: usize, timeout: Duration) -> Vec<TcpBroadcaster> {
+    let (hub, addr) = hub(n, timeout);
+    let others: Vec<_> = (1..n)
+        .map(|r| TcpBroadcaster::start(config(r, n, &addr, timeout)).expect("connect"))
+        .collect();
+    let mut all: Vec<_> = std::thread::scope(|s| {
+        let hub = s.spawn(|| hub.finish());
+        let others: Vec<_> = others.into_iter().map(|o| s.spawn(|| o.finish())).collect();
+        std::iter::once(hub)
+            .chain(others)
+            .map(|h| h.join().expect("join thread").expect("group forms"))
+            .collect()
+    });
+    all.sort_by_key(lens_core::Broadcaster::rank);
+    all
+}
+
+/// Runs `f` on every rank, each on its own thread; returns the results by rank.
+pub fn on_each<T: Send>(
+    ranks: &[TcpBroadcaster],
+    f: impl Fn(&TcpBroadcaster) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
