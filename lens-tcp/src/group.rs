@@ -612,3 +612,77 @@ impl Broadcaster for TcpBroadcaster {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TcpConfig;
+
+    fn pair() -> (TcpBroadcaster, TcpBroadcaster) {
+        let cfg = |rank, addr: &str| {
+            TcpConfig::builder()
+                .rank(rank)
+                .world_size(2)
+                .addr(addr)
+                .key(b"replay test key, long enough....")
+                .timeout(Duration::from_secs(2))
+                .build()
+                .expect("config")
+        };
+        let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("bind");
+        let addr = hub.local_addr().expect("addr").to_string();
+        let member = TcpBroadcaster::start(cfg(1, &addr)).expect("connect");
+        std::thread::scope(|s| {
+            let h = s.spawn(|| hub.finish());
+            let m = member.finish().expect("member");
+            (h.join().expect("thread").expect("hub"), m)
+        })
+    }
+
+    fn round(
+        hub: &TcpBroadcaster,
+        member: &TcpBroadcaster,
+        root: usize,
+        data: &[u8],
+    ) -> (Vec<u8>, Vec<u8>) {
+        std::thread::scope(|s| {
+            let h =
+                s.spawn(|| lens_core::blocking::broadcast(hub, root, (root == 0).then_some(data)));
+            let m = lens_core::blocking::broadcast(member, root, (root == 1).then_some(data))
+                .expect("member");
+            (h.join().expect("thread").expect("hub"), m)
+        })
+    }
+
+    /// Frames replayed on a live connection (an earlier round's data, an ack for a round not
+    /// yet run, a frame of another session) never become a payload.
+    #[test]
+    fn replayed_frames_are_dropped() {
+        let (hub, member) = pair();
+        for r in 0..3u8 {
+            assert_eq!(round(&hub, &member, 1, &[r; 8]), (vec![r; 8], vec![r; 8]));
+        }
+        {
+            let link = member.link();
+            let session = link.session;
+            // Round 2's data again, word for word, and a frame of an older session.
+            let old = link.codec.encode(Kind::Data, 1, session, 2, 1, &[2; 8]);
+            let other_session = link
+                .codec
+                .encode(Kind::Data, 1, session ^ 0xff, 4, 1, b"evil");
+            link.send_to(None, &old).expect("send");
+            link.send_to(None, &other_session).expect("send");
+        }
+        for r in 3..6u8 {
+            assert_eq!(
+                round(&hub, &member, 1, &[r; 8]),
+                (vec![r; 8], vec![r; 8]),
+                "round {r}"
+            );
+        }
+        assert_eq!(
+            round(&hub, &member, 0, b"from the hub"),
+            (b"from the hub".to_vec(), b"from the hub".to_vec())
+        );
+    }
+}

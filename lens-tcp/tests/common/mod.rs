@@ -23,7 +23,13 @@ pub fn config(rank: usize, n: usize, addr: &str, timeout: Duration) -> TcpConfig
 pub fn hub(n: usize, timeout: Duration) -> (lens_tcp::Rendezvous, String) {
     let hub = TcpBroadcaster::start(config(0, n, "127.0.0.1:0", timeout)).expect("bind");
     let addr = hub.local_addr().expect("bound address").to_string();
+    HUB_ADDR.with(|a| *a.borrow_mut() = addr.clone());
     (hub, addr)
+}
+
+thread_local! {
+    /// The address of the last hub this thread started.
+    pub static HUB_ADDR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 /// A whole group of `n` ranks in this process.

@@ -1,0 +1,199 @@
+//! Slow joiners, dead ranks, strangers and long runs, all on loopback.
+
+mod common;
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use lens_core::{Broadcaster, Error, blocking};
+use lens_tcp::TcpBroadcaster;
+
+fn payload(round: usize, root: usize) -> Vec<u8> {
+    lens_testkit::conformance::pattern(round, root, 40 + round % 300)
+}
+
+/// Every rank runs `rounds` rounds with rotating roots and checks every payload.
+fn rounds(ranks: &[TcpBroadcaster], rounds: usize) {
+    let n = ranks.len();
+    let results = common::on_each(ranks, |b| {
+        for round in 0..rounds {
+            let root = round % n;
+            let want = payload(round, root);
+            let got = blocking::broadcast(b, root, (b.rank() == root).then_some(want.as_slice()))?;
+            if got != want {
+                return Err(Error::Corrupt {
+                    reason: format!("rank {} round {round}: wrong payload", b.rank()),
+                });
+            }
+        }
+        Ok::<_, Error>(())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    }
+}
+
+#[test]
+fn slow_joiner_is_waited_for() {
+    let timeout = Duration::from_secs(5);
+    let (hub, addr) = common::hub(3, timeout);
+    let early = TcpBroadcaster::start(common::config(1, 3, &addr, timeout)).expect("connect");
+    let ranks = std::thread::scope(|s| {
+        let hub = s.spawn(|| hub.finish());
+        let early = s.spawn(|| early.finish());
+        let late = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(1500));
+            TcpBroadcaster::connect(common::config(2, 3, &addr, timeout))
+        });
+        let mut v = vec![
+            hub.join().expect("t").expect("hub"),
+            early.join().expect("t").expect("early"),
+            late.join().expect("t").expect("late"),
+        ];
+        v.sort_by_key(Broadcaster::rank);
+        v
+    });
+    rounds(&ranks, 20);
+}
+
+#[test]
+fn rank_that_never_joins_is_named() {
+    let (hub, _addr) = common::hub(3, Duration::from_secs(1));
+    let hub = {
+        // Shorter join timeout for this test.
+        drop(hub);
+        let cfg = lens_tcp::TcpConfig::builder()
+            .rank(0)
+            .world_size(3)
+            .addr("127.0.0.1:0")
+            .key(common::KEY)
+            .join_timeout(Duration::from_millis(500))
+            .build()
+            .expect("config");
+        TcpBroadcaster::start(cfg).expect("bind")
+    };
+    let addr = hub.local_addr().expect("addr").to_string();
+    let one = TcpBroadcaster::start(common::config(1, 3, &addr, Duration::from_secs(1)))
+        .expect("connect");
+    let started = Instant::now();
+    match hub.finish() {
+        Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
+        other => panic!("expected a timeout naming rank 2, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(one);
+}
+
+#[test]
+fn killed_rank_is_named_and_others_are_unharmed() {
+    let timeout = Duration::from_secs(1);
+    let mut ranks = common::group(4, timeout);
+    rounds(&ranks, 10);
+    drop(ranks.remove(2)); // rank 2 dies
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let results = common::on_each(&ranks, |b| {
+        blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"after"[..]))
+    });
+    assert!(started.elapsed() < timeout * 3, "bounded by the timeout");
+    match &results[0] {
+        Err(Error::Timeout { missing, .. }) => assert_eq!(missing, &vec![2]),
+        other => panic!("hub should name rank 2, got {other:?}"),
+    }
+    for r in &results[1..] {
+        assert_eq!(r.as_deref().expect("live ranks get the data"), b"after");
+    }
+}
+
+#[test]
+fn killed_root_is_named_by_everyone() {
+    let timeout = Duration::from_secs(1);
+    let mut ranks = common::group(4, timeout);
+    rounds(&ranks, 8);
+    drop(ranks.remove(3)); // the next root dies
+    let started = Instant::now();
+    let results = common::on_each(&ranks, |b| blocking::broadcast(b, 3, None));
+    assert!(
+        started.elapsed() < timeout * 3,
+        "bounded by the timeout: {:?}",
+        started.elapsed()
+    );
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(Error::Timeout { missing, .. }) => assert_eq!(missing, &vec![3], "rank {rank}"),
+            other => panic!("rank {rank}: expected a timeout naming rank 3, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn duplicate_rank_is_turned_away() {
+    let timeout = Duration::from_secs(5);
+    let ranks = common::group(3, timeout);
+    let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+    // Rank 0 reads joins while it takes part in a collective, so run rounds meanwhile.
+    std::thread::scope(|s| {
+        let dup = s.spawn(|| TcpBroadcaster::connect(common::config(1, 3, &addr, timeout)));
+        let started = Instant::now();
+        while !dup.is_finished() && started.elapsed() < Duration::from_secs(15) {
+            rounds(&ranks, 5);
+        }
+        match dup.join().expect("thread") {
+            Err(Error::Closed { reason, .. }) => assert!(reason.contains("already"), "{reason}"),
+            other => panic!("expected the duplicate to be turned away, got {other:?}"),
+        }
+    });
+    rounds(&ranks, 20);
+}
+
+#[test]
+fn strangers_cannot_disturb_the_group() {
+    let timeout = Duration::from_secs(5);
+    let ranks = common::group(3, timeout);
+    let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+    let ctx = zmq::Context::new();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let attacker = s.spawn(|| {
+            let endpoint = format!("tcp://{addr}");
+            let mut sent = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && sent < 400 {
+                // No key: garbage, and a frame-shaped message signed with the wrong key.
+                let d = ctx.socket(zmq::DEALER).expect("socket");
+                d.set_linger(0).expect("linger");
+                d.connect(&endpoint).expect("connect");
+                d.send(&b"garbage bytes, no header, no tag"[..], 0)
+                    .expect("send");
+                let mut fake = b"LNS1".to_vec();
+                fake.extend_from_slice(&[4; 29]);
+                fake.extend_from_slice(&[0x55; 32]);
+                d.send(fake, 0).expect("send");
+                // Oversized: libzmq drops the connection of a peer that sends this.
+                d.send(vec![0u8; 2 << 20], 0).expect("send");
+                // Raw TCP that is not even ZMTP.
+                if let Ok(mut t) = std::net::TcpStream::connect(&addr) {
+                    let _ = t.write_all(b"GET / HTTP/1.1\r\n\r\n");
+                }
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            sent
+        });
+        rounds(&ranks, 300);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(attacker.join().expect("attacker") > 0);
+    });
+    rounds(&ranks, 10);
+}
+
+#[test]
+fn ten_thousand_rounds_without_cross_talk() {
+    let ranks = common::group(3, Duration::from_secs(10));
+    rounds(&ranks, 10_000);
+}
+
+#[test]
+fn sixty_four_ranks() {
+    let ranks = common::group(64, Duration::from_secs(20));
+    rounds(&ranks, 130);
+}
