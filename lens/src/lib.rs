@@ -9,7 +9,8 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `testkit` | `lens::testkit`: an in-process cluster of N ranks, span capture, fault injection, the conformance suite |
-//! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` |
+//! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
+//! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
 //! This crate re-exports everything of `lens-core`.
 //!
@@ -53,6 +54,10 @@ pub use lens_core::*;
 /// The test kit: in-process cluster, span capture, faults, conformance suite.
 #[cfg(feature = "testkit")]
 pub use lens_testkit as testkit;
+
+/// The ZeroMQ-over-TCP backend (`TcpBroadcaster`).
+#[cfg(feature = "tcp")]
+pub use lens_tcp as tcp;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

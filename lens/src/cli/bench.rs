@@ -16,10 +16,12 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::{Context, KeyValue};
 use serde_json::json;
 
-use super::{BackendArg, BenchArgs};
+#[cfg(feature = "tcp")]
+use super::BackendArg;
+use super::BenchArgs;
 
-const BLOCKS: usize = 16;
-const WARMUP: usize = 20;
+pub const BLOCKS: usize = 16;
+pub const WARMUP: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -38,7 +40,7 @@ impl Op {
 
 /// The context the source broadcasts: a sampled span with flags 03 and a little baggage,
 /// as a training step would carry.
-fn source_context() -> Context {
+pub fn source_context() -> Context {
     let sc = SpanContext::new(
         TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap_or(TraceId::INVALID),
         SpanId::from_hex("00f067aa0ba902b7").unwrap_or(SpanId::INVALID),
@@ -53,8 +55,9 @@ fn source_context() -> Context {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {
-    match args.backend {
-        BackendArg::Local => {}
+    #[cfg(feature = "tcp")]
+    if args.backend == BackendArg::Tcp {
+        return super::tcp::bench(args);
     }
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
@@ -76,10 +79,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             bytes.len(),
             args.iters
         );
-        println!(
-            "{:>6} {:>5} {:>10} {:>10} {:>9}",
-            "ranks", "op", "median_us", "p99_us", "lens/raw"
-        );
+        print_header();
     }
     for &n in &args.ranks {
         let ranks: Vec<Arc<LocalBroadcaster>> = LocalCluster::new(n)
@@ -98,35 +98,64 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             raw.extend(rt.block_on(measure(&ranks, Op::Raw, per_block, &bytes, &cx))?);
             lens.extend(rt.block_on(measure(&ranks, Op::Lens, per_block, &bytes, &cx))?);
         }
-        let raw_stats = Stats::of(&mut raw);
-        let lens_stats = Stats::of(&mut lens);
-        let ratio = lens_stats.median / raw_stats.median;
-        for (op, s) in [(Op::Raw, &raw_stats), (Op::Lens, &lens_stats)] {
-            if args.json {
-                let mut line = json!({
-                    "backend": "local", "ranks": n, "op": op.name(), "bytes": bytes.len(),
-                    "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
-                });
-                if op == Op::Lens {
-                    line["ratio_vs_raw"] = json!(round2(ratio));
-                }
-                println!("{line}");
-            } else {
-                let r = if op == Op::Lens {
-                    format!("{ratio:.2}x")
-                } else {
-                    String::new()
-                };
-                println!(
-                    "{n:>6} {:>5} {:>10.2} {:>10.2} {r:>9}",
-                    op.name(),
-                    s.median,
-                    s.p99
-                );
-            }
-        }
+        print_pair(args, n, bytes.len(), &mut raw, &mut lens);
     }
     Ok(())
+}
+
+/// Prints the raw and lens lines of one group size, as a table row pair or JSON lines.
+pub fn print_pair(args: &BenchArgs, n: usize, bytes: usize, raw: &mut [f64], lens: &mut [f64]) {
+    let raw_stats = Stats::of(raw);
+    let lens_stats = Stats::of(lens);
+    let ratio = lens_stats.median / raw_stats.median;
+    for (op, s) in [(Op::Raw, &raw_stats), (Op::Lens, &lens_stats)] {
+        if args.json {
+            let mut line = json!({
+                "backend": args.backend.name(), "ranks": n, "op": op.name(), "bytes": bytes,
+                "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
+            });
+            if op == Op::Lens {
+                line["ratio_vs_raw"] = json!(round2(ratio));
+            }
+            println!("{line}");
+        } else {
+            let r = if op == Op::Lens {
+                format!("{ratio:.2}x")
+            } else {
+                String::new()
+            };
+            println!(
+                "{n:>6} {:>5} {:>10.2} {:>10.2} {r:>9}",
+                op.name(),
+                s.median,
+                s.p99
+            );
+        }
+    }
+}
+
+/// Round times in µs from every rank's completion instants: from the moment the last rank
+/// finished round `i - 1` to the moment the last rank finished round `i`, after `warmup`.
+pub fn samples_from_ends(all: &[Vec<Instant>], warmup: usize) -> Vec<f64> {
+    let last_done = |i: usize| all.iter().filter_map(|e| e.get(i)).max().copied();
+    let rounds = all.iter().map(Vec::len).min().unwrap_or(0);
+    (warmup.max(1)..rounds)
+        .filter_map(|i| {
+            Some(
+                last_done(i)?
+                    .saturating_duration_since(last_done(i - 1)?)
+                    .as_secs_f64()
+                    * 1e6,
+            )
+        })
+        .collect()
+}
+
+pub fn print_header() {
+    println!(
+        "{:>6} {:>5} {:>10} {:>10} {:>9}",
+        "ranks", "op", "median_us", "p99_us", "lens/raw"
+    );
 }
 
 fn round2(x: f64) -> f64 {
@@ -199,12 +228,5 @@ async fn measure(
             .map_err(|e| format!("broadcast failed: {e}"))?;
         all.push(ends);
     }
-    let last_done = |i: usize| all.iter().filter_map(|e| e.get(i)).max().copied();
-    let mut samples = Vec::with_capacity(iters);
-    for i in WARMUP..rounds {
-        if let (Some(prev), Some(now)) = (last_done(i - 1), last_done(i)) {
-            samples.push(now.saturating_duration_since(prev).as_secs_f64() * 1e6);
-        }
-    }
-    Ok(samples)
+    Ok(samples_from_ends(&all, WARMUP))
 }

@@ -1,13 +1,14 @@
-//! `lens demo`: a pipeline-parallel job on N in-process ranks.
+//! `lens demo`: a pipeline-parallel job, on N in-process ranks or N processes over TCP.
 
 use std::time::Duration;
 
-use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, RankCtx, Report};
-use lens::{LinkedSpan, Parent, broadcast_context};
+use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault};
+use lens::{Broadcaster, LinkedSpan, Parent, broadcast_context};
 use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt, Tracer};
-use opentelemetry::{Context, KeyValue, Value};
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::SdkTracer;
 
+use super::record::{Job, SpanRecord};
 use super::{BackendArg, DemoArgs, ParentArg, view};
 
 /// Span names the demo writes.
@@ -18,11 +19,6 @@ pub const STAGE_SPAN: &str = "pp.recv_forward.linked";
 pub const STEP_KEY: &str = "nv.dl.step";
 
 pub fn run(args: &DemoArgs) -> Result<(), String> {
-    match args.backend {
-        BackendArg::Local => {}
-    }
-    let n = args.ranks as usize;
-    let steps = args.steps as usize;
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .ok()
         .filter(|d| !d.is_zero())
@@ -32,34 +28,75 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
                 args.timeout
             )
         })?;
+    match (args.backend, args.rank) {
+        (BackendArg::Local, None) => run_local(args, timeout),
+        (BackendArg::Local, Some(_)) => {
+            Err("--rank runs one rank of a multi-process job: add --backend tcp".into())
+        }
+        #[cfg(feature = "tcp")]
+        (BackendArg::Tcp, rank) => super::tcp::demo(args, rank, timeout),
+    }
+}
+
+pub fn parent_of(arg: ParentArg) -> Parent {
+    match arg {
+        ParentArg::Current => Parent::Current,
+        ParentArg::Remote => Parent::Remote,
+    }
+}
+
+/// Each stage waits for the one before it. Timer resolution is about 1 ms, so a slot is at
+/// least that; a step of many ranks takes about `ranks` ms.
+pub fn slot_for(ranks: usize) -> Duration {
+    Duration::from_micros((40_000 / ranks.max(1) as u64).clamp(1_000, 4_000))
+}
+
+fn run_local(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
+    let n = args.ranks as usize;
+    let steps = args.steps as usize;
     let mut builder = Cluster::builder(n).timeout(timeout);
     for spec in &args.inject {
         builder = inject(builder, spec, n)?;
     }
-    let parent = match args.parent {
-        ParentArg::Current => Parent::Current,
-        ParentArg::Remote => Parent::Remote,
-    };
-    // Each stage waits for the one before it. Timer resolution is about 1 ms, so a slot is
-    // at least that; a step of many ranks takes about `ranks` ms.
-    let slot = Duration::from_micros((40_000 / n as u64).clamp(1_000, 4_000));
+    let parent = parent_of(args.parent);
+    let slot = slot_for(n);
     let report = builder
         .build()
-        .run_blocking(move |rank| rank_main(rank, steps, parent, slot))
+        .run_blocking(move |rank| async move {
+            rank_main(&*rank.broadcaster, &rank.tracer, steps, parent, slot).await
+        })
         .map_err(|e| format!("could not run the ranks: {e}"))?;
+    let mut job = Job::default();
+    for r in &report.ranks {
+        job.ranks.push(
+            r.spans
+                .iter()
+                .map(|s| SpanRecord::from_span(r.rank, s, STEP_KEY))
+                .collect(),
+        );
+        match &r.outcome {
+            None => job.absent.push(r.rank),
+            Some(Err(e)) => job.failures.push((r.rank, e.to_string(), e.is_timeout())),
+            Some(Ok(())) => {}
+        }
+    }
+    finish(&job, args, "local", steps)
+}
 
+/// Prints the view, writes `--out`, checks correlation; `Err` is the one-line reason.
+pub fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result<(), String> {
     if !args.quiet {
-        print!("{}", view::waterfall(&report, args.parent));
+        print!("{}", view::waterfall(job, args.parent, backend));
     }
     if let Some(path) = &args.out {
-        let json = view::chrome_trace(&report);
-        std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, view::chrome_trace(job))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!(
             "wrote Chrome trace events to {} (open in https://ui.perfetto.dev or chrome://tracing)",
             path.display()
         );
     }
-    let summary = verify(&report, steps, parent)?;
+    let summary = verify(job, steps, parent_of(args.parent))?;
     println!("{summary}");
     Ok(())
 }
@@ -87,28 +124,30 @@ fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilde
     }
 }
 
-async fn rank_main(
-    rank: RankCtx,
+/// One rank of the pipeline: rank 0 opens each step and broadcasts it; the later stages
+/// open linked spans once the activations would reach them.
+pub async fn rank_main(
+    b: &dyn Broadcaster,
+    tracer: &SdkTracer,
     steps: usize,
     parent: Parent,
     slot: Duration,
 ) -> lens::Result<()> {
-    let r = rank.rank;
+    let r = b.rank();
     for step in 0..steps {
         let step_attr = KeyValue::new(STEP_KEY, step as i64);
         if r == 0 {
-            let span = rank
-                .tracer
+            let span = tracer
                 .span_builder(STEP_SPAN)
                 .with_attributes([step_attr])
-                .start(&rank.tracer);
+                .start(tracer);
             let cx = Context::new().with_span(span);
-            broadcast_context(&*rank.broadcaster, 0, &cx).await?;
+            broadcast_context(b, 0, &cx).await?;
             // The step lasts until the last stage is done.
-            tokio::time::sleep(slot * rank.world_size as u32).await;
+            tokio::time::sleep(slot * b.world_size() as u32).await;
             cx.span().end();
         } else {
-            let remote = broadcast_context(&*rank.broadcaster, 0, &Context::new()).await?;
+            let remote = broadcast_context(b, 0, &Context::new()).await?;
             // Activations reach stage r after the r stages before it.
             tokio::time::sleep(slot * r as u32).await;
             let mut span = LinkedSpan::builder(STAGE_SPAN)
@@ -116,7 +155,7 @@ async fn rank_main(
                 .parent(parent)
                 .kind(SpanKind::Consumer)
                 .attributes([step_attr, KeyValue::new("pp.stage", r as i64)])
-                .start_with_context(&rank.tracer, &Context::new());
+                .start_with_context(tracer, &Context::new());
             tokio::time::sleep(slot).await;
             span.end();
         }
@@ -124,43 +163,34 @@ async fn rank_main(
     Ok(())
 }
 
-pub fn step_of(span: &SpanData) -> Option<i64> {
-    span.attributes
+fn failure_line(job: &Job) -> Option<String> {
+    if job.failures.is_empty() && job.absent.is_empty() {
+        return None;
+    }
+    let mut errors: Vec<&(usize, String, bool)> = job.failures.iter().collect();
+    // Root causes first: a timeout is usually the echo of another rank's failure.
+    errors.sort_by_key(|(rank, _, timeout)| (*timeout, *rank));
+    let mut parts: Vec<String> = errors
         .iter()
-        .find(|kv| kv.key.as_str() == STEP_KEY)
-        .and_then(|kv| match kv.value {
-            Value::I64(v) => Some(v),
-            _ => None,
-        })
+        .take(3)
+        .map(|(rank, e, _)| format!("rank {rank}: {e}"))
+        .collect();
+    if errors.len() > 3 {
+        parts.push(format!("{} more", errors.len() - 3));
+    }
+    if !job.absent.is_empty() {
+        parts.push(format!("never joined: {:?}", job.absent));
+    }
+    Some(format!("job failed: {}", parts.join("; ")))
 }
 
 /// Checks the correlation the demo promises; returns a one-line summary or a one-line reason.
-fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, String> {
-    let mut errors = report.errors();
-    let absent: Vec<usize> = report
-        .ranks
-        .iter()
-        .filter(|r| r.outcome.is_none())
-        .map(|r| r.rank)
-        .collect();
-    if !errors.is_empty() || !absent.is_empty() {
-        // Root causes first: a timeout is usually the echo of another rank's failure.
-        errors.sort_by_key(|(rank, e)| (e.is_timeout(), *rank));
-        let mut parts: Vec<String> = errors
-            .iter()
-            .take(3)
-            .map(|(rank, e)| format!("rank {rank}: {e}"))
-            .collect();
-        if errors.len() > 3 {
-            parts.push(format!("{} more", errors.len() - 3));
-        }
-        if !absent.is_empty() {
-            parts.push(format!("never joined: {absent:?}"));
-        }
-        return Err(format!("job failed: {}", parts.join("; ")));
+pub fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String> {
+    if let Some(line) = failure_line(job) {
+        return Err(line);
     }
-    let n = report.ranks.len();
-    let roots = report.named(0, STEP_SPAN);
+    let n = job.ranks.len();
+    let roots = job.named(0, STEP_SPAN);
     if roots.len() != steps {
         return Err(format!(
             "rank 0 recorded {} {STEP_SPAN} spans, expected {steps}",
@@ -169,10 +199,7 @@ fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, S
     }
     let mut links = 0;
     for rank in 1..n {
-        report
-            .check_links(rank, STAGE_SPAN, 0, STEP_SPAN)
-            .map_err(|e| e.to_string())?;
-        let spans = report.named(rank, STAGE_SPAN);
+        let spans = job.named(rank, STAGE_SPAN);
         if spans.len() != steps {
             return Err(format!(
                 "rank {rank} recorded {} {STAGE_SPAN} spans, expected {steps}",
@@ -180,26 +207,25 @@ fn verify(report: &Report<()>, steps: usize, parent: Parent) -> Result<String, S
             ));
         }
         for span in spans {
-            let step = step_of(span);
             let root = roots
                 .iter()
-                .find(|s| step_of(s) == step)
-                .ok_or_else(|| format!("rank {rank}: no {STEP_SPAN} for step {step:?}"))?;
-            let linked = span
-                .links
-                .iter()
-                .any(|l| l.span_context.span_id() == root.span_context.span_id());
+                .find(|s| s.step == span.step)
+                .ok_or_else(|| format!("rank {rank}: no {STEP_SPAN} for step {:?}", span.step))?;
+            let linked = span.links.iter().any(|l| {
+                l.span_id == root.span_id && l.trace_id == root.trace_id && l.source_rank == Some(0)
+            });
             if !linked {
                 return Err(format!(
-                    "rank {rank}, step {step:?}: linked to another step's {STEP_SPAN}"
+                    "rank {rank}, step {:?}: no link to rank 0's {STEP_SPAN} of that step",
+                    span.step
                 ));
             }
             if parent == Parent::Remote
-                && (span.span_context.trace_id() != root.span_context.trace_id()
-                    || span.parent_span_id != root.span_context.span_id())
+                && (span.trace_id != root.trace_id || span.parent_span_id != root.span_id)
             {
                 return Err(format!(
-                    "rank {rank}, step {step:?}: not a child of rank 0's {STEP_SPAN}"
+                    "rank {rank}, step {:?}: not a child of rank 0's {STEP_SPAN}",
+                    span.step
                 ));
             }
             links += 1;

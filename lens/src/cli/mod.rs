@@ -2,6 +2,9 @@
 
 mod bench;
 mod demo;
+mod record;
+#[cfg(feature = "tcp")]
+mod tcp;
 mod view;
 
 use std::path::PathBuf;
@@ -38,6 +41,19 @@ pub enum ParentArg {
 pub enum BackendArg {
     /// N ranks in this process.
     Local,
+    /// ZeroMQ over TCP: N processes on 127.0.0.1, or one rank of a real job with --rank.
+    #[cfg(feature = "tcp")]
+    Tcp,
+}
+
+impl BackendArg {
+    fn name(self) -> &'static str {
+        match self {
+            BackendArg::Local => "local",
+            #[cfg(feature = "tcp")]
+            BackendArg::Tcp => "tcp",
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,6 +82,22 @@ pub struct DemoArgs {
     /// Print no terminal view, only the verdict.
     #[arg(long)]
     quiet: bool,
+    /// Run only this rank of a multi-process job (with --backend tcp, --world, --addr; the
+    /// key comes from LENS_TCP_KEY).
+    #[arg(long)]
+    rank: Option<u32>,
+    /// Number of ranks of the multi-process job (with --rank).
+    #[arg(long)]
+    world: Option<u32>,
+    /// Rendezvous address HOST:PORT of the multi-process job (rank 0 binds it).
+    #[arg(long)]
+    addr: Option<String>,
+    /// How long ranks wait for the whole group to join, in seconds (with --rank).
+    #[arg(long, default_value_t = 60.0)]
+    join_timeout: f64,
+    /// Print this rank's spans as JSON lines (used when `lens demo` starts the ranks).
+    #[arg(long, hide = true)]
+    emit_spans: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,41 +1,26 @@
 //! Terminal waterfall and Chrome trace event output of a demo run.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::SystemTime;
 
-use lens::testkit::Report;
-use opentelemetry_sdk::trace::SpanData;
 use serde_json::json;
 
 use super::ParentArg;
-use super::demo::{STEP_SPAN, step_of};
+use super::demo::STEP_SPAN;
+use super::record::{Job, SpanRecord};
 
 const WIDTH: usize = 48;
 const MAX_STEPS_SHOWN: usize = 3;
 const MAX_RANKS_SHOWN: usize = 12;
 
-fn micros(t: SystemTime, zero: SystemTime) -> f64 {
-    t.duration_since(zero)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
-}
-
-fn zero_time<T>(report: &Report<T>) -> SystemTime {
-    report
-        .ranks
-        .iter()
-        .flat_map(|r| r.spans.iter().map(|s| s.start_time))
-        .min()
-        .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
 /// A waterfall per step: one bar per rank, with the link each stage's span carries.
-pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
+pub fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
     let mut out = String::new();
-    let n = report.ranks.len();
-    let roots = report.named(0, STEP_SPAN);
+    let n = job.ranks.len();
+    let roots = job.named(0, STEP_SPAN);
     let _ = writeln!(
         out,
-        "lens demo: {n} in-process rank(s), parent = {}",
+        "lens demo: {n} rank(s) on the {backend} backend, parent = {}",
         if parent == ParentArg::Remote {
             "remote (one trace per step)"
         } else {
@@ -43,15 +28,13 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
         }
     );
     for root in roots.iter().take(MAX_STEPS_SHOWN) {
-        let step = step_of(root);
-        let (t0, t1) = (root.start_time, root.end_time);
-        let span_us = micros(t1, t0).max(1.0);
+        let (t0, span_us) = (root.start_us, (root.end_us - root.start_us).max(1.0));
         let _ = writeln!(
             out,
             "\nstep {}  trace {}  {STEP_SPAN} {}",
-            step.unwrap_or(-1),
-            root.span_context.trace_id(),
-            root.span_context.span_id()
+            root.step.unwrap_or(-1),
+            root.trace_id,
+            root.span_id
         );
         let shown: Vec<usize> = if n <= MAX_RANKS_SHOWN {
             (0..n).collect()
@@ -66,34 +49,32 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
                     format!("… {} more", rank - shown[i - 1] - 1)
                 );
             }
-            let span: Option<&SpanData> = report
-                .spans(rank)
+            let span: Option<&SpanRecord> = job.ranks[rank]
                 .iter()
-                .find(|s| step_of(s) == step && (rank == 0) == (s.name == STEP_SPAN));
+                .find(|s| s.step == root.step && (rank == 0) == (s.name == STEP_SPAN));
             let Some(span) = span else {
                 let _ = writeln!(out, "  rank {rank:<4} (no span)");
                 continue;
             };
-            let a = (micros(span.start_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64)
-                as usize;
-            let b = (micros(span.end_time, t0) / span_us * WIDTH as f64).clamp(0.0, WIDTH as f64)
-                as usize;
+            let col =
+                |t: f64| (((t - t0) / span_us) * WIDTH as f64).clamp(0.0, WIDTH as f64) as usize;
+            let (a, b) = (col(span.start_us), col(span.end_us));
             let bar: String = (0..WIDTH)
                 .map(|c| if c >= a && c <= b.max(a) { '█' } else { '·' })
                 .collect();
-            let link = span.links.iter().next().map_or(String::new(), |l| {
-                let same = if l.span_context.trace_id() == span.span_context.trace_id() {
+            let link = span.links.first().map_or(String::new(), |l| {
+                let same = if l.trace_id == span.trace_id {
                     "child of + "
                 } else {
                     ""
                 };
-                format!("  {same}↳ link {}", l.span_context.span_id())
+                format!("  {same}↳ link {}", l.span_id)
             });
             let _ = writeln!(
                 out,
                 "  rank {rank:<4} {:<24} |{bar}| {:>8.2} ms{link}",
                 span.name,
-                micros(span.end_time, span.start_time) / 1000.0
+                (span.end_us - span.start_us) / 1000.0
             );
         }
     }
@@ -105,45 +86,41 @@ pub fn waterfall<T>(report: &Report<T>, parent: ParentArg) -> String {
 
 /// Chrome trace event JSON: one process per rank, a complete event per span, and a flow
 /// arrow from each linked span's source to the span.
-pub fn chrome_trace<T>(report: &Report<T>) -> String {
-    let zero = zero_time(report);
+pub fn chrome_trace(job: &Job) -> String {
+    let zero = job
+        .ranks
+        .iter()
+        .flatten()
+        .map(|s| s.start_us)
+        .fold(f64::INFINITY, f64::min);
+    let zero = if zero.is_finite() { zero } else { 0.0 };
     let mut events = Vec::new();
-    let mut where_is = std::collections::HashMap::new();
-    for r in &report.ranks {
-        events.push(json!({"ph": "M", "name": "process_name", "pid": r.rank, "tid": 0, "args": {"name": format!("rank {}", r.rank)}}));
-        for s in &r.spans {
-            where_is.insert(
-                s.span_context.span_id(),
-                (r.rank, micros(s.start_time, zero)),
-            );
+    let mut where_is: HashMap<&str, (usize, f64)> = HashMap::new();
+    for (rank, spans) in job.ranks.iter().enumerate() {
+        events.push(json!({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": format!("rank {rank}")}}));
+        for s in spans {
+            where_is.insert(&s.span_id, (rank, s.start_us - zero));
         }
     }
     let mut flow_id = 0u64;
-    for r in &report.ranks {
-        for s in &r.spans {
-            let ts = micros(s.start_time, zero);
-            let attrs: serde_json::Map<String, serde_json::Value> = s
-                .attributes
-                .iter()
-                .map(|kv| (kv.key.to_string(), json!(kv.value.to_string())))
-                .collect();
+    for (rank, spans) in job.ranks.iter().enumerate() {
+        for s in spans {
+            let ts = s.start_us - zero;
             events.push(json!({
-                "ph": "X", "cat": "lens", "name": s.name, "pid": r.rank, "tid": 0,
-                "ts": ts, "dur": micros(s.end_time, s.start_time),
+                "ph": "X", "cat": "lens", "name": s.name, "pid": rank, "tid": 0,
+                "ts": ts, "dur": (s.end_us - s.start_us).max(0.0),
                 "args": {
-                    "trace_id": s.span_context.trace_id().to_string(),
-                    "span_id": s.span_context.span_id().to_string(),
-                    "parent_span_id": s.parent_span_id.to_string(),
-                    "attributes": attrs,
+                    "trace_id": s.trace_id, "span_id": s.span_id,
+                    "parent_span_id": s.parent_span_id, "step": s.step,
                 }
             }));
-            for link in s.links.iter() {
-                let Some(&(src_rank, src_ts)) = where_is.get(&link.span_context.span_id()) else {
+            for link in &s.links {
+                let Some(&(src_rank, src_ts)) = where_is.get(link.span_id.as_str()) else {
                     continue;
                 };
                 flow_id += 1;
                 events.push(json!({"ph": "s", "cat": "link", "name": "link", "id": flow_id, "pid": src_rank, "tid": 0, "ts": src_ts}));
-                events.push(json!({"ph": "f", "bp": "e", "cat": "link", "name": "link", "id": flow_id, "pid": r.rank, "tid": 0, "ts": ts}));
+                events.push(json!({"ph": "f", "bp": "e", "cat": "link", "name": "link", "id": flow_id, "pid": rank, "tid": 0, "ts": ts}));
             }
         }
     }

@@ -1,0 +1,139 @@
+//! Backend-neutral span records: what the demo checks and draws, from the in-process
+//! report or from ranks in other processes (one JSON line per span on their stdout).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lens::link::attributes::LINK_SOURCE_RANK;
+use opentelemetry::Value;
+use opentelemetry_sdk::trace::SpanData;
+#[cfg(feature = "tcp")]
+use serde_json::{Value as Json, json};
+
+/// Prefix of a span line a rank process prints.
+#[cfg(feature = "tcp")]
+pub const SPAN_LINE: &str = "lens-span ";
+
+/// A link of a [`SpanRecord`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkRecord {
+    pub trace_id: String,
+    pub span_id: String,
+    pub source_rank: Option<i64>,
+}
+
+/// A finished span, reduced to what the demo needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanRecord {
+    pub rank: usize,
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent_span_id: String,
+    pub step: Option<i64>,
+    /// Microseconds since the Unix epoch.
+    pub start_us: f64,
+    pub end_us: f64,
+    pub links: Vec<LinkRecord>,
+}
+
+fn unix_us(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+impl SpanRecord {
+    pub fn from_span(rank: usize, s: &SpanData, step_key: &str) -> Self {
+        let step = s
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == step_key)
+            .and_then(|kv| match kv.value {
+                Value::I64(v) => Some(v),
+                _ => None,
+            });
+        SpanRecord {
+            rank,
+            name: s.name.to_string(),
+            trace_id: s.span_context.trace_id().to_string(),
+            span_id: s.span_context.span_id().to_string(),
+            parent_span_id: s.parent_span_id.to_string(),
+            step,
+            start_us: unix_us(s.start_time),
+            end_us: unix_us(s.end_time),
+            links: s
+                .links
+                .iter()
+                .map(|l| LinkRecord {
+                    trace_id: l.span_context.trace_id().to_string(),
+                    span_id: l.span_context.span_id().to_string(),
+                    source_rank: l
+                        .attributes
+                        .iter()
+                        .find(|kv| kv.key.as_str() == LINK_SOURCE_RANK)
+                        .and_then(|kv| match kv.value {
+                            Value::I64(v) => Some(v),
+                            _ => None,
+                        }),
+                })
+                .collect(),
+        }
+    }
+
+    #[cfg(feature = "tcp")]
+    pub fn to_json(&self) -> Json {
+        json!({
+            "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
+            "parent_span_id": self.parent_span_id, "step": self.step, "start_us": self.start_us,
+            "end_us": self.end_us,
+            "links": self.links.iter().map(|l| json!({
+                "trace_id": l.trace_id, "span_id": l.span_id, "source_rank": l.source_rank,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    #[cfg(feature = "tcp")]
+    pub fn from_json(v: &Json) -> Option<Self> {
+        let s = |k: &str| v.get(k).and_then(Json::as_str).map(str::to_owned);
+        Some(SpanRecord {
+            rank: usize::try_from(v.get("rank")?.as_u64()?).ok()?,
+            name: s("name")?,
+            trace_id: s("trace_id")?,
+            span_id: s("span_id")?,
+            parent_span_id: s("parent_span_id")?,
+            step: v.get("step").and_then(Json::as_i64),
+            start_us: v.get("start_us")?.as_f64()?,
+            end_us: v.get("end_us")?.as_f64()?,
+            links: v
+                .get("links")?
+                .as_array()?
+                .iter()
+                .map(|l| {
+                    Some(LinkRecord {
+                        trace_id: l.get("trace_id")?.as_str()?.to_owned(),
+                        span_id: l.get("span_id")?.as_str()?.to_owned(),
+                        source_rank: l.get("source_rank").and_then(Json::as_i64),
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?,
+        })
+    }
+}
+
+/// Every rank's spans and failures after a demo run, whatever the backend.
+#[derive(Debug, Default)]
+pub struct Job {
+    /// Spans by rank.
+    pub ranks: Vec<Vec<SpanRecord>>,
+    /// `(rank, reason, is a timeout)` for each rank that failed.
+    pub failures: Vec<(usize, String, bool)>,
+    /// Ranks that never ran.
+    pub absent: Vec<usize>,
+}
+
+impl Job {
+    pub fn named(&self, rank: usize, name: &str) -> Vec<&SpanRecord> {
+        self.ranks.get(rank).map_or(Vec::new(), |v| {
+            v.iter().filter(|s| s.name == name).collect()
+        })
+    }
+}
