@@ -18,6 +18,8 @@ pub struct TcpConfig {
     pub(crate) timeout: Duration,
     pub(crate) join_timeout: Duration,
     pub(crate) max_payload: usize,
+    pub(crate) fan_out: Option<usize>,
+    pub(crate) advertise_host: Option<String>,
 }
 
 impl fmt::Debug for TcpConfig {
@@ -30,6 +32,8 @@ impl fmt::Debug for TcpConfig {
             .field("timeout", &self.timeout)
             .field("join_timeout", &self.join_timeout)
             .field("max_payload", &self.max_payload)
+            .field("fan_out", &self.fan_out)
+            .field("advertise_host", &self.advertise_host)
             .finish()
     }
 }
@@ -44,7 +48,8 @@ impl TcpConfig {
     /// - address: `LENS_TCP_ADDR` (`host:port`), else `MASTER_ADDR` and `MASTER_PORT`;
     /// - rank and world size: [`RankInfo::from_env`];
     /// - key: `LENS_TCP_KEY`, else the contents of the file `LENS_TCP_KEY_FILE`;
-    /// - optional `LENS_TCP_TIMEOUT` (seconds).
+    /// - optional `LENS_TCP_TIMEOUT` (seconds), `LENS_TCP_FAN_OUT` (tree arity) and
+    ///   `LENS_TCP_HOST` (the address other ranks reach this host at, for tree fan-out).
     ///
     /// # Errors
     /// [`Error::Config`] naming the missing or malformed variable.
@@ -86,6 +91,15 @@ impl TcpConfig {
             .world_size(info.world_size)
             .addr(addr)
             .key(key);
+        if let Some(k) = lookup("LENS_TCP_FAN_OUT") {
+            let k: usize = k
+                .parse()
+                .map_err(|_| Error::config(format!("LENS_TCP_FAN_OUT={k:?} is not a number")))?;
+            b = b.fan_out(k);
+        }
+        if let Some(h) = lookup("LENS_TCP_HOST") {
+            b = b.advertise_host(h);
+        }
         if let Some(t) = lookup("LENS_TCP_TIMEOUT") {
             let secs: f64 = t.parse().map_err(|_| {
                 Error::config(format!("LENS_TCP_TIMEOUT={t:?} is not a number of seconds"))
@@ -124,6 +138,8 @@ pub struct TcpConfigBuilder {
     timeout: Option<Duration>,
     join_timeout: Option<Duration>,
     max_payload: Option<usize>,
+    fan_out: Option<usize>,
+    advertise_host: Option<String>,
 }
 
 impl TcpConfigBuilder {
@@ -171,6 +187,21 @@ impl TcpConfigBuilder {
         self
     }
 
+    /// Tree fan-out: each rank forwards a round to at most `k` others (rank 0 to ranks
+    /// 1..=k, rank r to ranks k*r+1..=k*r+k), so no socket serves the whole group. The
+    /// default is a star from rank 0. Every rank of a group must use the same value.
+    pub fn fan_out(mut self, k: usize) -> Self {
+        self.fan_out = Some(k);
+        self
+    }
+
+    /// The host other ranks reach this rank at (tree fan-out: ranks with children listen
+    /// for them). Defaults to the rendezvous host when that is a loopback address.
+    pub fn advertise_host(mut self, host: impl Into<String>) -> Self {
+        self.advertise_host = Some(host.into());
+        self
+    }
+
     /// The configuration.
     ///
     /// # Errors
@@ -207,6 +238,9 @@ impl TcpConfigBuilder {
         if timeout.is_zero() || join_timeout.is_zero() {
             return Err(Error::config("timeouts must be positive"));
         }
+        if self.fan_out == Some(0) {
+            return Err(Error::config("fan-out must be at least 1"));
+        }
         Ok(TcpConfig {
             rank,
             world_size,
@@ -215,6 +249,8 @@ impl TcpConfigBuilder {
             timeout,
             join_timeout,
             max_payload: self.max_payload.unwrap_or(lens_core::DEFAULT_MAX_PAYLOAD),
+            fan_out: self.fan_out,
+            advertise_host: self.advertise_host,
         })
     }
 }

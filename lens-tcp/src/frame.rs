@@ -31,6 +31,8 @@ pub(crate) enum Kind {
     Done = 6,
     /// The round failed; payload = the missing ranks (u32 LE each).
     Fail = 7,
+    /// A rank joins its tree parent (tree fan-out only).
+    Join = 8,
 }
 
 impl Kind {
@@ -43,6 +45,7 @@ impl Kind {
             5 => Kind::Ack,
             6 => Kind::Done,
             7 => Kind::Fail,
+            8 => Kind::Join,
             _ => return None,
         })
     }

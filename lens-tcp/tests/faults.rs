@@ -197,3 +197,37 @@ fn sixty_four_ranks() {
     let ranks = common::group(64, Duration::from_secs(20));
     rounds(&ranks, 130);
 }
+
+#[test]
+fn tree_fan_out_at_sixty_four_ranks() {
+    let ranks = common::group_with(64, Duration::from_secs(20), Some(4));
+    rounds(&ranks, 130);
+}
+
+#[test]
+fn killed_interior_rank_is_named_with_its_subtree() {
+    // Fan-out 2 over 7 ranks: 0 -> {1, 2}, 1 -> {3, 4}, 2 -> {5, 6}.
+    let timeout = Duration::from_secs(1);
+    let mut ranks = common::group_with(7, timeout, Some(2));
+    rounds(&ranks, 14);
+    drop(ranks.remove(1));
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let results = common::on_each(&ranks, |b| {
+        blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"after"[..]))
+    });
+    assert!(
+        started.elapsed() < timeout * 3,
+        "bounded by the timeout: {:?}",
+        started.elapsed()
+    );
+    for (b, r) in ranks.iter().zip(&results) {
+        match (b.rank(), r) {
+            (0 | 3 | 4, Err(Error::Timeout { missing, .. })) => {
+                assert_eq!(missing, &vec![1, 3, 4], "rank {}", b.rank())
+            }
+            (2 | 5 | 6, Ok(data)) => assert_eq!(data, b"after"),
+            (rank, other) => panic!("rank {rank}: unexpected {other:?}"),
+        }
+    }
+}

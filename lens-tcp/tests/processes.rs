@@ -24,6 +24,15 @@ impl Drop for Children {
 
 #[test]
 fn eight_processes_pass_conformance() {
+    run_processes(None);
+}
+
+#[test]
+fn eight_processes_pass_conformance_with_tree_fan_out() {
+    run_processes(Some(2));
+}
+
+fn run_processes(fan_out: Option<usize>) {
     // A free loopback port for rank 0 (it binds it a moment later).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -48,6 +57,10 @@ fn eight_processes_pass_conformance() {
             .env("LENS_TCP_KEY", "eight processes share this job key")
             .env("LENS_TCP_TIMEOUT", "20")
             .env("LENS_TCP_TEST_CHILD", "1")
+            .env(
+                "LENS_TCP_FAN_OUT",
+                fan_out.map_or(String::from("7"), |k| k.to_string()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -8,20 +8,41 @@ use lens_tcp::{TcpBroadcaster, TcpConfig};
 pub const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
 
 pub fn config(rank: usize, n: usize, addr: &str, timeout: Duration) -> TcpConfig {
-    TcpConfig::builder()
+    config_with(rank, n, addr, timeout, None)
+}
+
+pub fn config_with(
+    rank: usize,
+    n: usize,
+    addr: &str,
+    timeout: Duration,
+    fan_out: Option<usize>,
+) -> TcpConfig {
+    let mut b = TcpConfig::builder()
         .rank(rank)
         .world_size(n)
         .addr(addr)
         .key(KEY)
         .timeout(timeout)
-        .join_timeout(Duration::from_secs(20))
-        .build()
-        .expect("config")
+        .join_timeout(Duration::from_secs(20));
+    if let Some(k) = fan_out {
+        b = b.fan_out(k);
+    }
+    b.build().expect("config")
 }
 
 /// Rank 0 on an ephemeral loopback port; returns its rendezvous and the address.
 pub fn hub(n: usize, timeout: Duration) -> (lens_tcp::Rendezvous, String) {
-    let hub = TcpBroadcaster::start(config(0, n, "127.0.0.1:0", timeout)).expect("bind");
+    hub_with(n, timeout, None)
+}
+
+pub fn hub_with(
+    n: usize,
+    timeout: Duration,
+    fan_out: Option<usize>,
+) -> (lens_tcp::Rendezvous, String) {
+    let hub =
+        TcpBroadcaster::start(config_with(0, n, "127.0.0.1:0", timeout, fan_out)).expect("bind");
     let addr = hub.local_addr().expect("bound address").to_string();
     HUB_ADDR.with(|a| *a.borrow_mut() = addr.clone());
     (hub, addr)
@@ -34,9 +55,16 @@ thread_local! {
 
 /// A whole group of `n` ranks in this process.
 pub fn group(n: usize, timeout: Duration) -> Vec<TcpBroadcaster> {
-    let (hub, addr) = hub(n, timeout);
+    group_with(n, timeout, None)
+}
+
+/// A whole group with tree fan-out `k` (`None`: the star).
+pub fn group_with(n: usize, timeout: Duration, fan_out: Option<usize>) -> Vec<TcpBroadcaster> {
+    let (hub, addr) = hub_with(n, timeout, fan_out);
     let others: Vec<_> = (1..n)
-        .map(|r| TcpBroadcaster::start(config(r, n, &addr, timeout)).expect("connect"))
+        .map(|r| {
+            TcpBroadcaster::start(config_with(r, n, &addr, timeout, fan_out)).expect("connect")
+        })
         .collect();
     let mut all: Vec<_> = std::thread::scope(|s| {
         let hub = s.spawn(|| hub.finish());
