@@ -59,6 +59,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     if args.backend == BackendArg::Tcp {
         return super::tcp::bench(args);
     }
+    if args.fan_out.is_some() {
+        return Err("--fan-out applies to --backend tcp".into());
+    }
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }

@@ -114,6 +114,9 @@ pub struct BenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// TCP only: tree fan-out of lens's group (default: a star from rank 0).
+    #[arg(long)]
+    fan_out: Option<usize>,
 }
 
 /// Runs the parsed command.

@@ -257,15 +257,17 @@ pub fn bench(args: &BenchArgs) -> Result<(), String> {
     let bytes = Carrier::from_context(&cx).encode();
     if !args.json {
         println!(
-            "lens bench: backend tcp (loopback), {} carrier bytes, {} timed rounds per op, one thread per rank",
+            "lens bench: backend tcp (loopback), {} carrier bytes, {} timed rounds per op, one thread per rank, lens {}",
             bytes.len(),
-            args.iters
+            args.iters,
+            args.fan_out
+                .map_or("as a star".to_owned(), |k| format!("with fan-out {k}"))
         );
         print_header();
     }
     for &n in &args.ranks {
         let raw_group = RawGroup::new(n)?;
-        let lens_group = lens_group(n)?;
+        let lens_group = lens_group(n, args.fan_out)?;
         let (mut raw, mut lens) = (Vec::new(), Vec::new());
         for block in 0..BLOCKS {
             let per_block = args.iters / BLOCKS + usize::from(block < args.iters % BLOCKS);
@@ -280,17 +282,19 @@ pub fn bench(args: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn lens_group(n: usize) -> Result<Vec<TcpBroadcaster>, String> {
+fn lens_group(n: usize, fan_out: Option<usize>) -> Result<Vec<TcpBroadcaster>, String> {
     let key = random_hex(32)?;
     let cfg = |rank: usize, addr: &str| {
-        TcpConfig::builder()
+        let mut b = TcpConfig::builder()
             .rank(rank)
             .world_size(n)
             .addr(addr)
             .key(&key)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| e.to_string())
+            .timeout(Duration::from_secs(30));
+        if let Some(k) = fan_out {
+            b = b.fan_out(k);
+        }
+        b.build().map_err(|e| e.to_string())
     };
     let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")?).map_err(|e| e.to_string())?;
     let addr = hub.local_addr().ok_or("rank 0 has no address")?.to_string();

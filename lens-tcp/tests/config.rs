@@ -1,0 +1,166 @@
+//! Configuration from code and from the environment, one row per case.
+
+use std::time::Duration;
+
+use lens_core::Error;
+use lens_tcp::TcpConfig;
+
+fn from(vars: &[(&str, &str)]) -> Result<TcpConfig, Error> {
+    TcpConfig::from_vars(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    })
+}
+
+const KEY: &str = "sixteen-byte-key-or-longer";
+
+#[test]
+fn environment_table() {
+    let key_file = std::env::temp_dir().join(format!("lens-tcp-key-{}", std::process::id()));
+    std::fs::write(&key_file, format!("{KEY}\n")).expect("write key file");
+    let key_path = key_file.to_str().expect("utf-8").to_owned();
+    let base = [
+        ("RANK", "2"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("LENS_TCP_KEY", KEY),
+    ];
+    let with =
+        |extra: &[(&'static str, &'static str)], drop: &[&str]| -> Vec<(&'static str, String)> {
+            let mut v: Vec<(&'static str, String)> = base
+                .iter()
+                .filter(|(k, _)| !drop.contains(k))
+                .map(|(k, v)| (*k, (*v).to_owned()))
+                .collect();
+            v.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+            v
+        };
+    let rows: Vec<(
+        &str,
+        Vec<(&str, String)>,
+        Result<(usize, usize, &str), &str>,
+    )> = vec![
+        (
+            "torchrun variables",
+            with(&[], &[]),
+            Ok((2, 4, "10.0.0.1:29500")),
+        ),
+        (
+            "LENS_TCP_ADDR wins",
+            with(&[("LENS_TCP_ADDR", "127.0.0.1:4000")], &[]),
+            Ok((2, 4, "127.0.0.1:4000")),
+        ),
+        (
+            "key from a file",
+            {
+                let mut v = with(&[], &["LENS_TCP_KEY"]);
+                v.push(("LENS_TCP_KEY_FILE", key_path.clone()));
+                v
+            },
+            Ok((2, 4, "10.0.0.1:29500")),
+        ),
+        (
+            "no address",
+            with(&[], &["MASTER_ADDR"]),
+            Err("MASTER_ADDR"),
+        ),
+        ("no key", with(&[], &["LENS_TCP_KEY"]), Err("LENS_TCP_KEY")),
+        (
+            "missing key file",
+            {
+                let mut v = with(&[], &["LENS_TCP_KEY"]);
+                v.push(("LENS_TCP_KEY_FILE", "/nonexistent/lens-key".to_owned()));
+                v
+            },
+            Err("cannot read"),
+        ),
+        (
+            "short key",
+            with(&[("LENS_TCP_KEY", "short")], &["LENS_TCP_KEY"]),
+            Err("at least 16"),
+        ),
+        (
+            "bad port",
+            with(&[("MASTER_PORT", "http")], &["MASTER_PORT"]),
+            Err("host:port"),
+        ),
+        (
+            "bad timeout",
+            with(&[("LENS_TCP_TIMEOUT", "soon")], &[]),
+            Err("LENS_TCP_TIMEOUT"),
+        ),
+        (
+            "bad fan-out",
+            with(&[("LENS_TCP_FAN_OUT", "wide")], &[]),
+            Err("LENS_TCP_FAN_OUT"),
+        ),
+        (
+            "zero fan-out",
+            with(&[("LENS_TCP_FAN_OUT", "0")], &[]),
+            Err("fan-out"),
+        ),
+        (
+            "no rank",
+            with(&[], &["RANK", "WORLD_SIZE"]),
+            Err("no launcher variables"),
+        ),
+    ];
+    for (why, vars, want) in rows {
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        match (from(&vars), want) {
+            (Ok(c), Ok((rank, world, addr))) => {
+                assert_eq!(
+                    (c.rank(), c.world_size(), c.addr()),
+                    (rank, world, addr),
+                    "{why}"
+                );
+                assert!(
+                    !format!("{c:?}").contains(KEY),
+                    "{why}: Debug must not show the key"
+                );
+            }
+            (Err(Error::Config { reason }), Err(needle)) => assert!(
+                reason.contains(needle),
+                "{why}: {reason:?} should mention {needle:?}"
+            ),
+            (got, want) => panic!("{why}: got {got:?}, expected {want:?}"),
+        }
+    }
+    let _ = std::fs::remove_file(&key_file);
+}
+
+#[test]
+fn builder_rejects_bad_values() {
+    let ok = || {
+        TcpConfig::builder()
+            .rank(0)
+            .world_size(2)
+            .addr("127.0.0.1:0")
+            .key(KEY)
+    };
+    assert!(ok().build().is_ok());
+    assert!(ok().rank(2).build().is_err(), "rank not below world size");
+    assert!(ok().world_size(0).build().is_err());
+    assert!(ok().timeout(Duration::ZERO).build().is_err());
+    assert!(ok().addr("no-port").build().is_err());
+    assert!(
+        TcpConfig::builder()
+            .rank(0)
+            .world_size(2)
+            .key(KEY)
+            .build()
+            .is_err(),
+        "address required"
+    );
+    assert!(
+        TcpConfig::builder()
+            .rank(0)
+            .world_size(2)
+            .addr("h:1")
+            .build()
+            .is_err(),
+        "key required"
+    );
+}
