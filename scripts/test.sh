@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check of the project: formatting, clippy with -D warnings, every test (unit,
 # integration, doc tests, benches in test mode), the feature matrix, and a run of the demo.
-# Installs the system packages the checks need when they are missing (none yet for the
-# core crates; the MPI backend adds Open MPI and libclang here).
+# Installs the system packages the checks need when they are missing (a C++ compiler for
+# libzmq, Open MPI and libclang for the MPI backend). MPI tests run under mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +28,8 @@ apt_install() {
 }
 
 # lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
-apt_install g++ make
+# lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
+apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -230,8 +230,11 @@ impl Link {
                     continue;
                 }
             };
-            // Joining frames carry no session yet (HELLO) or bring it (WELCOME, REJECT).
-            let joining = matches!(frame.kind, Kind::Hello | Kind::Welcome | Kind::Reject);
+            // Joining frames carry no session yet (HELLO) or bring it (WELCOME, REJECT). A
+            // child's JOIN may arrive before this rank's own WELCOME: its session is checked
+            // once this rank has one (`Rendezvous::finish`).
+            let joining = matches!(frame.kind, Kind::Hello | Kind::Welcome | Kind::Reject)
+                || (frame.kind == Kind::Join && self.session == 0);
             if !joining && frame.session != self.session {
                 tracing::warn!(
                     session = frame.session,
@@ -576,6 +579,7 @@ impl Rendezvous {
                 link.star_to(r, &welcome)?;
             }
         } else {
+            let mut early_joins: Vec<Incoming> = Vec::new();
             let endpoints = loop {
                 let Some(i) = link.recv(deadline)? else {
                     return Err(Error::Timeout {
@@ -601,9 +605,20 @@ impl Rendezvous {
                             ),
                         });
                     }
+                    Kind::Join => early_joins.push(i),
                     other => tracing::warn!(kind = ?other, "dropped a frame before admission"),
                 }
             };
+            // Children that joined before this rank was admitted, now that the session is known.
+            for i in early_joins {
+                let c = i.frame.sender as usize;
+                let mine = link.tree.parent(c) == Some(link.me());
+                if i.via == Via::Kids && i.frame.session == link.session && mine {
+                    link.peers[c] = Some(i.from);
+                } else {
+                    tracing::warn!(sender = c, "dropped a join of another session");
+                }
+            }
             let me = link.me();
             // Join the tree parent when it is not rank 0 (rank 0's children use the star).
             if let Some(p) = link.tree.parent(me).filter(|&p| p != 0) {

@@ -1,0 +1,265 @@
+//! MPI tests. Each case runs under `mpirun -n N` as its own job: this binary is both the
+//! parent (no `LENS_MPI_CASE` set: it launches every case with a deadline) and the ranks
+//! (`LENS_MPI_CASE` names the case). Without `mpirun` every case is reported ignored.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lens_core::{Broadcaster, Error, blocking};
+use lens_mpi::MpiBroadcaster;
+use lens_testkit::conformance::{Options, pattern, run_rank};
+use mpi::traits::*;
+
+/// (case, ranks, expected to exit with success)
+const CASES: &[(&str, usize, bool)] = &[
+    ("conformance_2", 2, true),
+    ("conformance_4", 4, true),
+    ("split_groups", 4, true),
+    ("slab_boundaries", 3, true),
+    ("ten_thousand_rounds", 2, true),
+    ("carrier_on_every_rank", 3, true),
+    ("skipped_call_times_out", 2, false),
+];
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+fn main() {
+    match std::env::var("LENS_MPI_CASE") {
+        Ok(case) => rank_main(&case),
+        Err(_) => parent(),
+    }
+}
+
+fn mpirun() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("mpirun"))
+            .find(|p| p.is_file())
+    })
+}
+
+fn parent() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let cases: Vec<_> = CASES
+        .iter()
+        .filter(|(name, ..)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests", cases.len());
+    let Some(mpirun) = mpirun() else {
+        for (name, ..) in &cases {
+            println!("test {name} ... ignored, mpirun not found on PATH (install openmpi-bin)");
+        }
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; 0 filtered out\n",
+            cases.len()
+        );
+        return;
+    };
+    let exe = std::env::current_exe().expect("test binary");
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, n, should_succeed) in cases {
+        let started = Instant::now();
+        let mut child = Command::new(&mpirun)
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-n",
+                &n.to_string(),
+            ])
+            // Containers often forbid the cross-process memory attach Open MPI tries first.
+            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+            .arg(&exe)
+            .env("LENS_MPI_CASE", name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mpirun");
+        let out = std::thread::spawn({
+            let mut so = child.stdout.take().expect("stdout");
+            let mut se = child.stderr.take().expect("stderr");
+            move || {
+                use std::io::Read as _;
+                let mut s = String::new();
+                let _ = so.read_to_string(&mut s);
+                let _ = se.read_to_string(&mut s);
+                s
+            }
+        });
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break Some(s);
+            }
+            if started.elapsed() > DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let output = out.join().unwrap_or_default();
+        let ok = match status {
+            None => false,
+            Some(s) if *should_succeed => s.success() && output.contains("lens-mpi case ok"),
+            // A rank that timed out must make the job exit non-zero, on its own, in time.
+            Some(s) => !s.success() && output.contains("timed out as expected"),
+        };
+        if ok {
+            passed += 1;
+            println!(
+                "test {name} ({n} ranks) ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            );
+        } else {
+            println!("test {name} ({n} ranks) ... FAILED ({status:?})\n{output}");
+            failed.push(*name);
+        }
+    }
+    let verdict = if failed.is_empty() { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {verdict}. {passed} passed; {} failed; 0 ignored; 0 measured; 0 filtered out\n",
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+fn check<T>(r: Result<T, impl std::fmt::Display>, what: &str) -> T {
+    r.unwrap_or_else(|e| {
+        eprintln!("lens-mpi case failed: {what}: {e}");
+        std::process::exit(2)
+    })
+}
+
+fn rank_main(case: &str) {
+    let universe = mpi::initialize().expect("MPI initialises");
+    let world = universe.world();
+    let me = world.rank();
+    match case {
+        "conformance_2" | "conformance_4" => {
+            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default())),
+                "conformance",
+            );
+        }
+        "split_groups" => {
+            // Two pipeline groups of two, {0, 2} and {1, 3}, each with its own roots.
+            let color = mpi::topology::Color::with_value(me % 2);
+            let comm = world.split_by_color(color).expect("a colour");
+            let b = check(MpiBroadcaster::new(comm), "build");
+            assert_eq!(
+                (b.world_size(), b.rank()),
+                (2, usize::try_from(me / 2).expect("rank"))
+            );
+            for round in 0..200 {
+                let root = (round + usize::try_from(me % 2).expect("c")) % 2;
+                let want = pattern(
+                    round,
+                    root * 10 + usize::try_from(me % 2).expect("c"),
+                    30 + round,
+                );
+                let got = check(
+                    blocking::broadcast(&b, root, (b.rank() == root).then_some(want.as_slice())),
+                    "round",
+                );
+                assert_eq!(got, want, "group {} round {round}", me % 2);
+            }
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default().rounds(100))),
+                "conformance in a group",
+            );
+        }
+        "slab_boundaries" => {
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .slab_size(128)
+                    .build(),
+                "build",
+            );
+            let cap = b.slab_capacity();
+            for (i, len) in [0, 1, cap - 1, cap, cap + 1, 2 * cap, 10_000]
+                .into_iter()
+                .enumerate()
+            {
+                let root = i % b.world_size();
+                let want = pattern(i, root, len);
+                let got = check(
+                    blocking::broadcast(&b, root, (b.rank() == root).then_some(want.as_slice())),
+                    "round",
+                );
+                assert_eq!(got, want, "payload of {len} bytes (slab capacity {cap})");
+            }
+        }
+        "ten_thousand_rounds" => {
+            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            for round in 0..10_000 {
+                let root = round % 2;
+                let want = pattern(round, root, round % 700);
+                let got = check(
+                    blocking::broadcast(&b, root, (b.rank() == root).then_some(want.as_slice())),
+                    "round",
+                );
+                assert_eq!(got, want, "round {round}");
+            }
+        }
+        "carrier_on_every_rank" => {
+            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            let cx = lens_testkit::conformance::sample_context();
+            let got = check(blocking::broadcast_context(&b, 1, &cx), "broadcast_context")
+                .expect("a carrier");
+            assert_eq!(got.source_rank(), Some(1));
+            assert!(got.span_context().is_some());
+        }
+        "skipped_call_times_out" => {
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .timeout(Duration::from_secs(1))
+                    .build(),
+                "build",
+            );
+            check(
+                blocking::broadcast(&b, 1, (me == 1).then_some(&b"first"[..])),
+                "first round",
+            );
+            if me == 1 {
+                // Rank 1 skips the next round and waits; rank 0 must not hang.
+                std::thread::sleep(Duration::from_secs(20));
+                std::process::exit(0);
+            }
+            let started = Instant::now();
+            match blocking::broadcast(&b, 1, None) {
+                Err(Error::Timeout { after, .. }) if after < Duration::from_secs(5) => {
+                    // A second call is refused rather than reusing a broken communicator.
+                    assert!(matches!(
+                        blocking::broadcast(&b, 0, Some(b"x")),
+                        Err(Error::Closed { .. })
+                    ));
+                    println!(
+                        "rank 0 timed out as expected after {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    // Exit without finalising (a collective is pending): the launcher ends the job.
+                    std::process::exit(3);
+                }
+                other => {
+                    eprintln!("lens-mpi case failed: expected a timeout, got {other:?}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        other => {
+            eprintln!("unknown case {other}");
+            std::process::exit(2);
+        }
+    }
+    world.barrier();
+    if me == 0 {
+        println!("lens-mpi case ok: {case}");
+    }
+}
