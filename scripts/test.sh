@@ -38,12 +38,15 @@ step "cargo clippy -D warnings (all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "feature matrix: every feature of lens builds alone"
-for features in "" testkit cli tcp cli,tcp; do
+for features in "" testkit cli tcp mpi cli,tcp cli,mpi; do
   cargo clippy -q -p lens --no-default-features --features "$features" -- -D warnings
 done
 
 step "tests (unit, integration, benches in test mode)"
 timeout 1500 cargo test --workspace --all-targets --all-features
+
+step "MPI program tests under mpirun"
+timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
 
 step "doc tests"
 timeout 600 cargo test --workspace --doc --all-features

@@ -219,15 +219,13 @@ fn ibcast(
             tracing::warn!("MPI broadcast timed out; its buffer is left to MPI");
             return Ok((Done::TimedOut, None));
         }
-        // Spin briefly (fast networks), then give the core away (oversubscribed nodes need
-        // the other ranks to run for MPI to make progress).
+        // Keep testing (each test moves the collective on) for a while, then give the core
+        // away (oversubscribed nodes need the other ranks to run), then sleep between tests.
         spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else if spins < 4096 {
-            std::thread::yield_now();
-        } else {
+        if spins > 20_000 {
             std::thread::sleep(Duration::from_micros(50));
+        } else if spins > 2_000 {
+            std::thread::yield_now();
         }
     }
 }

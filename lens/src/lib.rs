@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `testkit` | `lens::testkit`: an in-process cluster of N ranks, span capture, fault injection, the conformance suite |
 //! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
+//! | `mpi` | `lens::mpi`: one `MPI_Ibcast` per carrier over any communicator, with a deadline |
 //! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
 //! This crate re-exports everything of `lens-core`.
@@ -58,6 +59,10 @@ pub use lens_testkit as testkit;
 /// The ZeroMQ-over-TCP backend (`TcpBroadcaster`).
 #[cfg(feature = "tcp")]
 pub use lens_tcp as tcp;
+
+/// The MPI backend (`MpiBroadcaster`).
+#[cfg(feature = "mpi")]
+pub use lens_mpi as mpi;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -16,7 +16,7 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::{Context, KeyValue};
 use serde_json::json;
 
-#[cfg(feature = "tcp")]
+#[cfg(any(feature = "tcp", feature = "mpi"))]
 use super::BackendArg;
 use super::BenchArgs;
 
@@ -58,6 +58,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     #[cfg(feature = "tcp")]
     if args.backend == BackendArg::Tcp {
         return super::tcp::bench(args);
+    }
+    #[cfg(feature = "mpi")]
+    if args.backend == BackendArg::Mpi {
+        return super::mpi::bench(args);
     }
     if args.fan_out.is_some() {
         return Err("--fan-out applies to --backend tcp".into());
@@ -161,18 +165,18 @@ pub fn print_header() {
     );
 }
 
-fn round2(x: f64) -> f64 {
+pub fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-struct Stats {
-    count: usize,
-    median: f64,
-    p99: f64,
+pub struct Stats {
+    pub count: usize,
+    pub median: f64,
+    pub p99: f64,
 }
 
 impl Stats {
-    fn of(samples: &mut [f64]) -> Stats {
+    pub fn of(samples: &mut [f64]) -> Stats {
         samples.sort_by(f64::total_cmp);
         let at = |q: f64| {
             let i = ((samples.len() as f64 - 1.0) * q).round() as usize;

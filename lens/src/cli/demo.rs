@@ -35,6 +35,10 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         }
         #[cfg(feature = "tcp")]
         (BackendArg::Tcp, rank) => super::tcp::demo(args, rank, timeout),
+        #[cfg(feature = "mpi")]
+        (BackendArg::Mpi, None) => super::mpi::demo(args, timeout),
+        #[cfg(feature = "mpi")]
+        (BackendArg::Mpi, Some(_)) => Err("with --backend mpi the rank comes from mpirun".into()),
     }
 }
 

@@ -2,6 +2,8 @@
 
 mod bench;
 mod demo;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod record;
 #[cfg(feature = "tcp")]
 mod tcp;
@@ -44,6 +46,9 @@ pub enum BackendArg {
     /// ZeroMQ over TCP: N processes on 127.0.0.1, or one rank of a real job with --rank.
     #[cfg(feature = "tcp")]
     Tcp,
+    /// MPI: run under mpirun, one rank per process (the group is MPI_COMM_WORLD).
+    #[cfg(feature = "mpi")]
+    Mpi,
 }
 
 impl BackendArg {
@@ -52,6 +57,8 @@ impl BackendArg {
             BackendArg::Local => "local",
             #[cfg(feature = "tcp")]
             BackendArg::Tcp => "tcp",
+            #[cfg(feature = "mpi")]
+            BackendArg::Mpi => "mpi",
         }
     }
 }

@@ -1,0 +1,80 @@
+//! The `lens` program on the MPI backend, under mpirun, with a deadline.
+//! `scripts/test.sh` installs Open MPI and runs these with `--ignored`.
+#![cfg(feature = "mpi")]
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn mpirun(n: usize, args: &[&str]) -> (bool, String) {
+    let mut child = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            &n.to_string(),
+        ])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .arg(env!("CARGO_BIN_EXE_lens"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts (install openmpi-bin)");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mpirun lens {args:?} ran past its deadline and was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    let _ = child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out);
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut out);
+    (status.success(), out)
+}
+
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_demo_under_mpirun() {
+    let (ok, out) = mpirun(3, &["demo", "--backend", "mpi", "--steps", "2"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("on the mpi backend"), "{out}");
+    assert!(
+        out.contains("ok: 3 rank(s), 2 step(s), 4 cross-rank link(s) verified"),
+        "{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_bench_under_mpirun() {
+    let (ok, out) = mpirun(2, &["bench", "--backend", "mpi", "--iters", "50", "--json"]);
+    assert!(ok, "{out}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let ops: Vec<&str> = lines.iter().filter_map(|l| l["op"].as_str()).collect();
+    assert_eq!(ops, ["raw", "two_collective", "lens"], "{out}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["backend"] == "mpi" && l["ranks"] == 2 && l["iters"] == 50)
+    );
+    assert!(lines[2]["ratio_vs_raw"].as_f64().is_some());
+}
