@@ -38,7 +38,7 @@ step "cargo clippy -D warnings (all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "feature matrix: every feature of lens builds alone"
-for features in "" testkit cli tcp mpi cli,tcp cli,mpi; do
+for features in "" testkit cli tcp mpi nccl cli,tcp cli,mpi cli,nccl; do
   cargo clippy -q -p lens --no-default-features --features "$features" -- -D warnings
 done
 

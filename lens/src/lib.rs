@@ -11,6 +11,7 @@
 //! | `testkit` | `lens::testkit`: an in-process cluster of N ranks, span capture, fault injection, the conformance suite |
 //! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
 //! | `mpi` | `lens::mpi`: one `MPI_Ibcast` per carrier over any communicator, with a deadline |
+//! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
 //! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
 //! This crate re-exports everything of `lens-core`.
@@ -63,6 +64,10 @@ pub use lens_tcp as tcp;
 /// The MPI backend (`MpiBroadcaster`).
 #[cfg(feature = "mpi")]
 pub use lens_mpi as mpi;
+
+/// The NCCL backend (`NcclBroadcaster`).
+#[cfg(feature = "nccl")]
+pub use lens_nccl as nccl;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -223,3 +223,18 @@ fn bench_prints_json_lines_for_raw_and_lens() {
     }
     assert!(lines[1]["ratio_vs_raw"].as_f64().is_some());
 }
+
+/// Without CUDA (as on CI) the NCCL bench says why, in one line, and fails.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_bench_without_cuda_is_unavailable() {
+    if lens::nccl::probe().is_ok() {
+        // A GPU machine: scripts/gpu-check.sh covers the bench there.
+        return;
+    }
+    let run = lens(&["bench", "--backend", "nccl", "--iters", "5"], DEADLINE);
+    assert!(!run.ok);
+    let line = run.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(line.contains("nccl backend is unavailable"), "{line}");
+}

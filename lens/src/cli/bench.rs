@@ -16,7 +16,7 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::{Context, KeyValue};
 use serde_json::json;
 
-#[cfg(any(feature = "tcp", feature = "mpi"))]
+#[cfg(any(feature = "tcp", feature = "mpi", feature = "nccl"))]
 use super::BackendArg;
 use super::BenchArgs;
 
@@ -62,6 +62,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     #[cfg(feature = "mpi")]
     if args.backend == BackendArg::Mpi {
         return super::mpi::bench(args);
+    }
+    #[cfg(feature = "nccl")]
+    if args.backend == BackendArg::Nccl {
+        return nccl(args);
     }
     if args.fan_out.is_some() {
         return Err("--fan-out applies to --backend tcp".into());
@@ -236,4 +240,24 @@ async fn measure(
         all.push(ends);
     }
     Ok(samples_from_ends(&all, WARMUP))
+}
+
+/// `lens bench --backend nccl`: every local GPU, one rank each.
+#[cfg(feature = "nccl")]
+fn nccl(args: &BenchArgs) -> Result<(), String> {
+    let figures =
+        lens::nccl::bench::run(args.iters.max(1), &source_context()).map_err(|e| e.to_string())?;
+    let mut samples: Vec<Vec<f64>> = figures.iter().map(|f| f.samples_us.clone()).collect();
+    let (n, bytes) = figures.first().map_or((0, 0), |f| (f.ranks, f.bytes));
+    if !args.json {
+        println!(
+            "lens bench: backend nccl, {n} GPU(s), {bytes} carrier bytes, {} rounds per op (rank 0)",
+            args.iters
+        );
+        print_header();
+    }
+    if let [raw, lens] = &mut samples[..] {
+        print_pair(args, n, bytes, raw, lens);
+    }
+    Ok(())
 }

@@ -39,6 +39,10 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         (BackendArg::Mpi, None) => super::mpi::demo(args, timeout),
         #[cfg(feature = "mpi")]
         (BackendArg::Mpi, Some(_)) => Err("with --backend mpi the rank comes from mpirun".into()),
+        #[cfg(feature = "nccl")]
+        (BackendArg::Nccl, _) => {
+            Err("the nccl backend has a bench (lens bench --backend nccl), no demo yet".into())
+        }
     }
 }
 

@@ -49,6 +49,9 @@ pub enum BackendArg {
     /// MPI: run under mpirun, one rank per process (the group is MPI_COMM_WORLD).
     #[cfg(feature = "mpi")]
     Mpi,
+    /// NCCL on every local GPU, one rank per GPU (bench only).
+    #[cfg(feature = "nccl")]
+    Nccl,
 }
 
 impl BackendArg {
@@ -59,6 +62,8 @@ impl BackendArg {
             BackendArg::Tcp => "tcp",
             #[cfg(feature = "mpi")]
             BackendArg::Mpi => "mpi",
+            #[cfg(feature = "nccl")]
+            BackendArg::Nccl => "nccl",
         }
     }
 }
