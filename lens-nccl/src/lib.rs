@@ -66,6 +66,14 @@ fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     }
 }
 
+/// The communicator, unless a timeout aborted it.
+fn live(comm: Option<&Comm>) -> Result<&Comm> {
+    comm.ok_or_else(|| Error::Closed {
+        backend: BACKEND,
+        reason: "the communicator was aborted".into(),
+    })
+}
+
 struct Inner {
     comm: Option<Comm>,
     stream: Arc<CudaStream>,
@@ -235,10 +243,7 @@ impl NcclBroadcaster {
                 .map_err(|e| cuda_err("copying to the device", e))?;
         }
         {
-            let comm = inner.comm.as_ref().ok_or_else(|| Error::Closed {
-                backend: BACKEND,
-                reason: "the communicator was aborted".into(),
-            })?;
+            let comm = live(inner.comm.as_ref())?;
             guarded("ncclBroadcast", || {
                 comm.broadcast_in_place(&mut buf, root_i32)
             })?
@@ -317,10 +322,7 @@ impl NcclBroadcaster {
         }
         {
             let Inner { comm, slab, .. } = &mut *inner;
-            let comm = comm.as_ref().ok_or_else(|| Error::Closed {
-                backend: BACKEND,
-                reason: "the communicator was aborted".into(),
-            })?;
+            let comm = live(comm.as_ref())?;
             guarded("ncclBroadcast", || comm.broadcast_in_place(slab, root_i32))?
                 .map_err(|e| nccl_err("ncclBroadcast", e))?;
         }
@@ -360,10 +362,7 @@ impl NcclBroadcaster {
                     .map_err(|e| cuda_err("copying to the device", e))?;
             }
             {
-                let comm = inner.comm.as_ref().ok_or_else(|| Error::Closed {
-                    backend: BACKEND,
-                    reason: "the communicator was aborted".into(),
-                })?;
+                let comm = live(inner.comm.as_ref())?;
                 guarded("ncclBroadcast", || {
                     comm.broadcast_in_place(&mut rest, root_i32)
                 })?

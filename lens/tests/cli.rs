@@ -1,54 +1,10 @@
 //! The `lens` program, run as a user would, each run with a deadline.
 
-use std::io::Read as _;
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `lens args`, killing it if it outlives `deadline`.
-fn lens(args: &[&str], deadline: Duration) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lens"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("lens starts");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("lens {args:?} ran past its {deadline:?} deadline and was killed");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut stdout)
-        .expect("read");
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read");
-    Run {
-        ok: status.success(),
-        stdout,
-        stderr,
-    }
-}
+use common::lens;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

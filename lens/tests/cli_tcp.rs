@@ -1,57 +1,11 @@
 //! The `lens` program on the TCP backend: N processes on loopback, each with a deadline.
 #![cfg(feature = "tcp")]
 
-use std::io::Read as _;
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-fn lens(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lens"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env_remove("LENS_TCP_KEY")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("lens starts");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("lens {args:?} ran past its {deadline:?} deadline and was killed");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut stdout)
-        .expect("read");
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read");
-    Run {
-        ok: status.success(),
-        stdout,
-        stderr,
-    }
-}
+use common::lens_with_env as lens;
 
 const DEADLINE: Duration = Duration::from_secs(90);
 

@@ -248,3 +248,42 @@ pub fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String>
         "ok: {n} rank(s), {steps} step(s), {links} cross-rank link(s) verified; {shape}"
     ))
 }
+
+/// Runs the demo as the one rank `b` of a multi-process job, with its own tracer provider,
+/// and returns its outcome and its finished spans.
+#[cfg(any(feature = "tcp", feature = "mpi"))]
+pub fn run_one_rank(
+    b: &dyn Broadcaster,
+    args: &DemoArgs,
+) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+
+    let exporter = InMemorySpanExporter::default();
+    let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_resource(info.resource())
+        .build();
+    let tracer = provider.tracer("lens-demo");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let steps = args.steps as usize;
+    let outcome = rt.block_on(rank_main(
+        b,
+        &tracer,
+        steps,
+        parent_of(args.parent),
+        slot_for(b.world_size()),
+    ));
+    let _ = provider.force_flush();
+    let spans = exporter
+        .get_finished_spans()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY))
+        .collect();
+    Ok((outcome, spans))
+}

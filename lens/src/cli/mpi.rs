@@ -4,15 +4,13 @@
 use std::time::{Duration, Instant};
 
 use lens::mpi::MpiBroadcaster;
-use lens::{Broadcaster, Carrier, RankInfo, blocking};
+use lens::{Carrier, blocking};
 use mpi::traits::*;
 use opentelemetry::Context;
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use serde_json::json;
 
 use super::bench::{Stats, round2, source_context};
-use super::demo::{STEP_KEY, finish, parent_of, rank_main, slot_for};
+use super::demo::{finish, run_one_rank};
 use super::record::{Job, SpanRecord};
 use super::{BenchArgs, DemoArgs};
 
@@ -31,35 +29,11 @@ pub fn demo(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
         .timeout(timeout)
         .build()
         .map_err(|e| e.to_string())?;
-    let exporter = InMemorySpanExporter::default();
-    let info = RankInfo::new(group.rank(), group.world_size()).map_err(|e| e.to_string())?;
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_resource(info.resource())
-        .build();
-    let tracer = provider.tracer("lens-demo");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let steps = args.steps as usize;
-    let outcome = rt.block_on(rank_main(
-        &group,
-        &tracer,
-        steps,
-        parent_of(args.parent),
-        slot_for(group.world_size()),
-    ));
+    let (outcome, mine) = run_one_rank(&group, args)?;
     if let Err(e) = outcome {
         die(rank, &e.to_string());
     }
-    let _ = provider.force_flush();
-    let mine: Vec<SpanRecord> = exporter
-        .get_finished_spans()
-        .unwrap_or_default()
-        .iter()
-        .map(|s| SpanRecord::from_span(group.rank(), s, STEP_KEY))
-        .collect();
     // Rank 0 collects every rank's spans to check and draw the whole job.
     let bytes = serde_json::to_vec(&mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>())
         .map_err(|e| e.to_string())?;

@@ -6,13 +6,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lens::tcp::{TcpBroadcaster, TcpConfig};
-use lens::{Carrier, RankInfo, blocking};
+use lens::{Carrier, blocking};
 use opentelemetry::Context;
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 
 use super::bench::{BLOCKS, WARMUP, print_header, print_pair, samples_from_ends, source_context};
-use super::demo::{STAGE_SPAN, STEP_KEY, STEP_SPAN, finish, parent_of, rank_main, slot_for};
+use super::demo::{STAGE_SPAN, STEP_SPAN, finish, parent_of, run_one_rank};
 use super::record::{Job, SPAN_LINE, SpanRecord};
 use super::{BenchArgs, DemoArgs};
 
@@ -60,29 +58,8 @@ fn one_rank(args: &DemoArgs, rank: usize, timeout: Duration) -> Result<(), Strin
         .build()
         .map_err(|e| e.to_string())?;
     let group = TcpBroadcaster::connect(config).map_err(|e| format!("rank {rank}: {e}"))?;
-    let exporter = InMemorySpanExporter::default();
-    let resource = RankInfo::new(rank, world)
-        .map_err(|e| e.to_string())?
-        .resource();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_resource(resource)
-        .build();
-    let tracer = provider.tracer("lens-demo");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let steps = args.steps as usize;
-    let parent = parent_of(args.parent);
-    let outcome = rt.block_on(rank_main(&group, &tracer, steps, parent, slot_for(world)));
-    let _ = provider.force_flush();
-    let spans: Vec<SpanRecord> = exporter
-        .get_finished_spans()
-        .unwrap_or_default()
-        .iter()
-        .map(|s| SpanRecord::from_span(rank, s, STEP_KEY))
-        .collect();
+    let (outcome, spans) = run_one_rank(&group, args)?;
     if args.emit_spans {
         for s in &spans {
             println!("{SPAN_LINE}{}", s.to_json());
