@@ -397,6 +397,8 @@ impl Link {
             }
         };
 
+        let got_data = Instant::now();
+
         // 2. Down to the children; a child that cannot be reached is missing with its subtree.
         let forward = self.codec.encode(
             Kind::Data,
@@ -422,7 +424,11 @@ impl Link {
         //    ranks give up sooner, so that their parents still hear what they found.
         let depth = tree.depth(me);
         let share = (max_depth + 1 - depth.min(max_depth)) as u32;
-        let ack_deadline = start + timeout * share / (max_depth as u32 + 1);
+        // Counted from when this rank got the data, so a rank reached late still gives its
+        // children their share of the time; capped so that a root waiting for the outcome
+        // (until 1.5 timeouts) hears it.
+        let ack_deadline = (got_data + timeout * share / (max_depth as u32 + 1))
+            .min(start + timeout + timeout / 4);
         while !waiting.is_empty() {
             let got = self.wait(ack_deadline, |via, f| {
                 f.kind == Kind::Ack && via == if me == 0 { Via::Hub } else { Via::Kids }
