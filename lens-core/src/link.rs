@@ -148,12 +148,68 @@ pub fn create_linked_span<T: Tracer>(
     remote: impl Into<Remote>,
     attributes: Vec<KeyValue>,
 ) -> T::Span {
-    // Hand the attributes over as they are: `attributes()` would copy them into a new Vec.
-    LinkedSpanBuilder {
-        attributes,
-        ..LinkedSpan::builder(name).remote(remote)
+    let (name, remote) = (name.into(), remote.into());
+    Context::map_current(|cx| {
+        start_linked(
+            tracer,
+            name,
+            &remote,
+            attributes,
+            Vec::new(),
+            SpanKind::Internal,
+            Parent::Current,
+            None,
+            cx,
+        )
+    })
+}
+
+/// Starts the span: the link (with its attributes) and the span attributes are handed to
+/// the SDK at creation, so samplers see them.
+#[allow(clippy::too_many_arguments)]
+fn start_linked<T: Tracer>(
+    tracer: &T,
+    name: Cow<'static, str>,
+    remote: &Remote,
+    attributes: Vec<KeyValue>,
+    link_attributes: Vec<KeyValue>,
+    kind: SpanKind,
+    parent: Parent,
+    start_time: Option<SystemTime>,
+    cx: &Context,
+) -> T::Span {
+    let mut links = Vec::with_capacity(1);
+    if let Some(sc) = &remote.span_context {
+        let mut attrs = Vec::with_capacity(2 + link_attributes.len());
+        if let Some(rank) = remote.source_rank {
+            attrs.push(KeyValue::new(
+                attributes::LINK_SOURCE_RANK,
+                i64::try_from(rank).unwrap_or(i64::MAX),
+            ));
+        }
+        attrs.push(KeyValue::new(attributes::LINK_SOURCE, remote.origin));
+        attrs.extend(link_attributes);
+        links.push(Link::new(sc.clone(), attrs, 0));
     }
-    .start(tracer)
+    let own_parent;
+    let parent_cx = match (parent, &remote.span_context) {
+        (Parent::Remote, Some(sc)) => {
+            own_parent = cx.with_remote_span_context(sc.clone());
+            &own_parent
+        }
+        (Parent::Root, _) => {
+            own_parent = Context::new();
+            &own_parent
+        }
+        _ => cx,
+    };
+    // Fields set in place: the `with_*` chain moves the (large) builder at every step.
+    let mut builder = SpanBuilder::from_name(name);
+    builder.span_kind = Some(kind);
+    builder.attributes = Some(attributes);
+    builder.links = (!links.is_empty()).then_some(links);
+    builder.start_time = start_time;
+    tracer.build_with_context(builder, parent_cx)
 }
 
 /// Namespace for [`LinkedSpan::builder`].
@@ -248,37 +304,16 @@ impl LinkedSpanBuilder {
 
     /// Starts the span with `tracer`, using `cx` as the "current" context.
     pub fn start_with_context<T: Tracer>(self, tracer: &T, cx: &Context) -> T::Span {
-        let mut links = Vec::new();
-        if let Some(sc) = &self.remote.span_context {
-            let mut attrs = Vec::with_capacity(2 + self.link_attributes.len());
-            if let Some(rank) = self.remote.source_rank {
-                attrs.push(KeyValue::new(
-                    attributes::LINK_SOURCE_RANK,
-                    i64::try_from(rank).unwrap_or(i64::MAX),
-                ));
-            }
-            attrs.push(KeyValue::new(attributes::LINK_SOURCE, self.remote.origin));
-            attrs.extend(self.link_attributes);
-            links.push(Link::new(sc.clone(), attrs, 0));
-        }
-        let own_parent;
-        let parent_cx = match (self.parent, &self.remote.span_context) {
-            (Parent::Remote, Some(sc)) => {
-                own_parent = cx.with_remote_span_context(sc.clone());
-                &own_parent
-            }
-            (Parent::Root, _) => {
-                own_parent = Context::new();
-                &own_parent
-            }
-            _ => cx,
-        };
-        // Fields set in place: the `with_*` chain moves the (large) builder at every step.
-        let mut builder = SpanBuilder::from_name(self.name);
-        builder.span_kind = Some(self.kind);
-        builder.attributes = Some(self.attributes);
-        builder.links = (!links.is_empty()).then_some(links);
-        builder.start_time = self.start_time;
-        tracer.build_with_context(builder, parent_cx)
+        start_linked(
+            tracer,
+            self.name,
+            &self.remote,
+            self.attributes,
+            self.link_attributes,
+            self.kind,
+            self.parent,
+            self.start_time,
+            cx,
+        )
     }
 }
