@@ -159,6 +159,33 @@ impl Codec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any bytes: decoding never panics, and without the key nothing is accepted.
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let codec = Codec::new(b"property test key").expect("key");
+            prop_assert!(codec.decode(&bytes).is_err());
+        }
+
+        /// Every field survives encode then decode; any single changed byte is rejected.
+        #[test]
+        fn round_trip_and_tamper(kind in 1u8..=8, sender: u32, session: u64, round: u64, root: u32,
+                                 payload in proptest::collection::vec(any::<u8>(), 0..300), flip: usize) {
+            let codec = Codec::new(b"property test key").expect("key");
+            let kind = Kind::from_u8(kind).expect("kind");
+            let bytes = codec.encode(kind, sender, session, round, root, &payload);
+            let f = codec.decode(&bytes).expect("decodes");
+            prop_assert_eq!((f.kind, f.sender, f.session, f.round, f.root, &f.payload), (kind, sender, session, round, root, &payload));
+            let mut tampered = bytes.clone();
+            let at = flip % tampered.len();
+            tampered[at] ^= 0x01;
+            prop_assert!(codec.decode(&tampered).is_err());
+        }
+    }
 
     #[test]
     fn frame_table() {

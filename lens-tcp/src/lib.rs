@@ -27,3 +27,12 @@ mod group;
 
 pub use config::{MIN_KEY_LEN, TcpConfig, TcpConfigBuilder};
 pub use group::{Rendezvous, TcpBroadcaster};
+
+/// For the fuzz target: whether the frame decoder accepts `bytes` under `key`.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// True when `bytes` decode as a frame authenticated with `key`.
+    pub fn accepts(key: &[u8], bytes: &[u8]) -> bool {
+        crate::frame::Codec::new(key).is_ok_and(|c| c.decode(bytes).is_ok())
+    }
+}
