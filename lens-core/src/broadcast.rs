@@ -3,7 +3,6 @@
 use std::future::Future;
 
 use opentelemetry::Context;
-use opentelemetry::trace::TraceContextExt;
 
 use crate::broadcaster::Broadcaster;
 use crate::carrier::w3c::parse_traceparent;
@@ -92,8 +91,10 @@ async fn broadcast_impl(
         });
     }
     if b.rank() == src_rank {
-        let cx = cx.cloned().unwrap_or_else(Context::current);
-        let carrier = Carrier::from_context(&cx);
+        let carrier = match cx {
+            Some(cx) => Carrier::from_context(cx),
+            None => Carrier::from_context(&Context::current()),
+        };
         let bytes = carrier.to_bytes();
         let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
         if bytes.len() > limit {
@@ -108,7 +109,8 @@ async fn broadcast_impl(
             });
         }
         b.broadcast(src_rank, Some(&bytes)).await?;
-        let valid = cx.span().span_context().is_valid();
+        // `from_context` writes a traceparent exactly when the span context is valid.
+        let valid = carrier.get(TRACEPARENT).is_some();
         Ok(valid.then(|| carrier.with_source_rank(src_rank)))
     } else {
         let bytes = b.broadcast(src_rank, None).await?;
