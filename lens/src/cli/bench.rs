@@ -20,7 +20,7 @@ use serde_json::json;
 use super::BackendArg;
 use super::BenchArgs;
 
-pub const BLOCKS: usize = 16;
+pub const BLOCKS: usize = 64;
 pub const WARMUP: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
