@@ -1,0 +1,58 @@
+//! Hierarchical over real transports: node leaders talk TCP, ranks inside a node use the
+//! in-process backend (as NCCL or shared memory would be), every root works.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lens_core::{Broadcaster, Hierarchical, NodeLayout};
+use lens_testkit::LocalCluster;
+use lens_testkit::conformance::{Options, run_rank};
+
+#[test]
+fn tcp_leaders_and_local_nodes_pass_conformance() {
+    // Three nodes of 2, 3 and 1 ranks.
+    let layout = NodeLayout::new(vec![vec![0, 1], vec![2, 3, 4], vec![5]]).expect("layout");
+    let leaders = common::group(layout.node_count(), Duration::from_secs(10));
+    let mut leaders: Vec<Option<_>> = leaders.into_iter().map(Some).collect();
+    let mut ranks: Vec<Option<Arc<dyn Broadcaster>>> =
+        (0..layout.world_size()).map(|_| None).collect();
+    for node in 0..layout.node_count() {
+        let members = layout.node(node).expect("node").to_vec();
+        let locals = LocalCluster::new(members.len()).broadcasters();
+        for (local, global) in locals.into_iter().zip(members) {
+            let leader = if local.rank() == 0 {
+                leaders[node].take()
+            } else {
+                None
+            };
+            let h =
+                Hierarchical::new(layout.clone(), node, local, leader).expect("hierarchical rank");
+            ranks[global] = Some(Arc::new(h));
+        }
+    }
+    let ranks: Vec<Arc<dyn Broadcaster>> = ranks
+        .into_iter()
+        .map(|r| r.expect("every rank placed"))
+        .collect();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    futures::executor::block_on(run_rank(&**b, &Options::default().rounds(300)))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect::<Vec<_>>()
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            panic!("rank {rank}: {e}");
+        }
+    }
+}
