@@ -15,15 +15,15 @@ fn tcp_leaders_and_local_nodes_pass_conformance() {
     // Three nodes of 2, 3 and 1 ranks.
     let layout = NodeLayout::new(vec![vec![0, 1], vec![2, 3, 4], vec![5]]).expect("layout");
     let leaders = common::group(layout.node_count(), Duration::from_secs(10));
-    let mut leaders: Vec<Option<_>> = leaders.into_iter().map(Some).collect();
     let mut ranks: Vec<Option<Arc<dyn Broadcaster>>> =
         (0..layout.world_size()).map(|_| None).collect();
-    for node in 0..layout.node_count() {
+    for (node, leader_rank) in leaders.into_iter().enumerate() {
+        let mut leader_rank = Some(leader_rank);
         let members = layout.node(node).expect("node").to_vec();
         let locals = LocalCluster::new(members.len()).broadcasters();
         for (local, global) in locals.into_iter().zip(members) {
             let leader = if local.rank() == 0 {
-                leaders[node].take()
+                leader_rank.take()
             } else {
                 None
             };
