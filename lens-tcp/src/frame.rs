@@ -17,7 +17,8 @@ pub(crate) const TAG: usize = 32;
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// A rank joins: payload = world size (u32) + 16 random bytes.
+    /// A rank joins: payload = world size (u32) + rank 0's challenge (16 bytes) + the
+    /// address this rank listens on for tree children (may be empty).
     Hello = 1,
     /// The hub admits every rank at once; `session` names the job's session.
     Welcome = 2,
@@ -33,6 +34,10 @@ pub(crate) enum Kind {
     Fail = 7,
     /// A rank joins its tree parent (tree fan-out only).
     Join = 8,
+    /// A rank asks rank 0 for a challenge; payload = world size (u32).
+    Knock = 9,
+    /// Rank 0's fresh nonce (16 bytes), which the HELLO must carry back.
+    Challenge = 10,
 }
 
 impl Kind {
@@ -46,6 +51,8 @@ impl Kind {
             6 => Kind::Done,
             7 => Kind::Fail,
             8 => Kind::Join,
+            9 => Kind::Knock,
+            10 => Kind::Challenge,
             _ => return None,
         })
     }
@@ -173,7 +180,7 @@ mod tests {
 
         /// Every field survives encode then decode; any single changed byte is rejected.
         #[test]
-        fn round_trip_and_tamper(kind in 1u8..=8, sender: u32, session: u64, round: u64, root: u32,
+        fn round_trip_and_tamper(kind in 1u8..=10, sender: u32, session: u64, round: u64, root: u32,
                                  payload in proptest::collection::vec(any::<u8>(), 0..300), flip: usize) {
             let codec = Codec::new(b"property test key").expect("key");
             let kind = Kind::from_u8(kind).expect("kind");

@@ -233,8 +233,10 @@ impl Link {
             // Joining frames carry no session yet (HELLO) or bring it (WELCOME, REJECT). A
             // child's JOIN may arrive before this rank's own WELCOME: its session is checked
             // once this rank has one (`Rendezvous::finish`).
-            let joining = matches!(frame.kind, Kind::Hello | Kind::Welcome | Kind::Reject)
-                || (frame.kind == Kind::Join && self.session == 0);
+            let joining = matches!(
+                frame.kind,
+                Kind::Knock | Kind::Challenge | Kind::Hello | Kind::Welcome | Kind::Reject
+            ) || (frame.kind == Kind::Join && self.session == 0);
             if !joining && frame.session != self.session {
                 tracing::warn!(
                     session = frame.session,
@@ -242,7 +244,7 @@ impl Link {
                 );
                 continue;
             }
-            if routed && !matches!(frame.kind, Kind::Hello | Kind::Join) {
+            if routed && !matches!(frame.kind, Kind::Knock | Kind::Hello | Kind::Join) {
                 let known = self
                     .peers
                     .get(frame.sender as usize)
@@ -275,7 +277,10 @@ impl Link {
         }
         while let Some(incoming) = self.recv(deadline)? {
             let f = &incoming.frame;
-            if matches!(f.kind, Kind::Hello | Kind::Join) && f.round == 0 && self.round > 0 {
+            if matches!(f.kind, Kind::Knock | Kind::Hello | Kind::Join)
+                && f.round == 0
+                && self.round > 0
+            {
                 self.turn_away(&incoming);
                 continue;
             }
@@ -488,6 +493,8 @@ pub struct Rendezvous {
     link: Link,
     config: TcpConfig,
     local_addr: Option<SocketAddr>,
+    /// Where this rank listens for its tree children (sent in its HELLO).
+    kids_endpoint: String,
 }
 
 fn read_endpoints(payload: &[u8], n: usize) -> Option<Vec<String>> {
@@ -524,6 +531,10 @@ impl Rendezvous {
         let link = &mut self.link;
         if link.is_hub() {
             let mut endpoints = vec![String::new(); n];
+            // Fresh nonces handed out, by connection: a HELLO must carry its connection's,
+            // so a join recorded from an earlier job cannot be replayed.
+            let mut challenges: std::collections::HashMap<Vec<u8>, [u8; 16]> =
+                std::collections::HashMap::new();
             link.peers[0] = Some(Vec::new());
             while link.peers.iter().any(Option::is_none) {
                 let Some(i) = link.recv(deadline)? else {
@@ -538,10 +549,35 @@ impl Rendezvous {
                     .payload
                     .get(..4)
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+                if f.kind == Kind::Knock {
+                    if size != Some(n) || challenges.len() >= 4 * n {
+                        tracing::warn!(
+                            rank = f.sender,
+                            "ignored a knock (wrong world size or too many)"
+                        );
+                        continue;
+                    }
+                    let mut nonce = [0u8; 16];
+                    getrandom::fill(&mut nonce).map_err(|e| {
+                        Error::transport(BACKEND, "no randomness for a challenge", e.to_string())
+                    })?;
+                    challenges.insert(i.from.clone(), nonce);
+                    let challenge = link.codec.encode(Kind::Challenge, 0, 0, 0, 0, &nonce);
+                    let _ = link.hub.send_multipart([i.from.as_slice(), &challenge], 0);
+                    continue;
+                }
+                let fresh = f.kind == Kind::Hello
+                    && challenges
+                        .remove(&i.from)
+                        .is_some_and(|c| f.payload.get(4..20) == Some(&c[..]));
                 let reason = match (f.kind, link.peers.get(f.sender as usize)) {
                     (Kind::Hello, _) if size != Some(n) => {
                         Some(format!("world size {size:?} is not {n}"))
                     }
+                    (Kind::Hello, _) if !fresh => Some(
+                        "the join does not answer this connection's challenge (replayed?)"
+                            .to_owned(),
+                    ),
                     (Kind::Hello, Some(None)) => None,
                     (Kind::Hello, Some(Some(_))) => {
                         Some(format!("rank {} is already in the group", f.sender))
@@ -610,6 +646,13 @@ impl Rendezvous {
                                 String::from_utf8_lossy(&i.frame.payload)
                             ),
                         });
+                    }
+                    Kind::Challenge if i.frame.payload.len() == 16 => {
+                        let mut hello = (n as u32).to_le_bytes().to_vec();
+                        hello.extend_from_slice(&i.frame.payload);
+                        hello.extend_from_slice(self.kids_endpoint.as_bytes());
+                        let bytes = link.frame(Kind::Hello, 0, 0, &hello);
+                        link.to_hub(&bytes)?;
                     }
                     Kind::Join => early_joins.push(i),
                     other => tracing::warn!(kind = ?other, "dropped a frame before admission"),
@@ -836,21 +879,15 @@ impl TcpBroadcaster {
             pending: VecDeque::new(),
         };
         if !is_hub {
-            let mut hello = (n as u32).to_le_bytes().to_vec();
-            let mut nonce = [0u8; 16];
-            getrandom::fill(&mut nonce).map_err(|e| {
-                Error::transport(BACKEND, "no randomness for the hello", e.to_string())
-            })?;
-            hello.extend_from_slice(&nonce);
-            hello.extend_from_slice(kids_endpoint.as_bytes());
-            let bytes = link.frame(Kind::Hello, 0, 0, &hello);
+            let knock = link.frame(Kind::Knock, 0, 0, &(n as u32).to_le_bytes());
             // A DEALER queues this until the connection is up: slow starts are fine.
-            link.to_hub(&bytes)?;
+            link.to_hub(&knock)?;
         }
         Ok(Rendezvous {
             link,
             config,
             local_addr,
+            kids_endpoint,
         })
     }
 
@@ -955,5 +992,56 @@ mod tests {
             round(&hub, &member, 0, b"from the hub"),
             (b"from the hub".to_vec(), b"from the hub".to_vec())
         );
+    }
+}
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+    use crate::config::TcpConfig;
+
+    const KEY: &[u8] = b"join replay test key, long enough";
+
+    fn cfg(rank: usize, addr: &str) -> TcpConfig {
+        TcpConfig::builder()
+            .rank(rank)
+            .world_size(2)
+            .addr(addr)
+            .key(KEY)
+            .join_timeout(Duration::from_secs(10))
+            .build()
+            .expect("config")
+    }
+
+    /// A HELLO recorded from an earlier job (signed with the same key, answering an old
+    /// challenge) or sent without a challenge is turned away; the real rank still joins.
+    #[test]
+    fn replayed_join_is_turned_away() {
+        let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("bind");
+        let addr = hub.local_addr().expect("addr").to_string();
+        let codec = Codec::new(KEY).expect("key");
+        let ctx = zmq::Context::new();
+        let attacker = ctx.socket(zmq::DEALER).expect("socket");
+        attacker.set_linger(0).expect("linger");
+        attacker.connect(&format!("tcp://{addr}")).expect("connect");
+        let mut replayed = 2u32.to_le_bytes().to_vec();
+        replayed.extend_from_slice(&[7u8; 16]); // an old challenge
+        attacker
+            .send(codec.encode(Kind::Hello, 1, 0, 0, 0, &replayed), 0)
+            .expect("send");
+        std::thread::scope(|s| {
+            let h = s.spawn(|| hub.finish());
+            // The attacker is told no, and gets no session.
+            assert_eq!(attacker.poll(zmq::POLLIN, 5_000).expect("poll"), 1);
+            let reply = codec
+                .decode(&attacker.recv_bytes(0).expect("recv"))
+                .expect("signed");
+            assert_eq!(reply.kind, Kind::Reject);
+            assert!(String::from_utf8_lossy(&reply.payload).contains("challenge"));
+            // The real rank 1 joins after it.
+            let member = TcpBroadcaster::connect(cfg(1, &addr)).expect("the real rank joins");
+            let hub = h.join().expect("thread").expect("hub");
+            assert_eq!((hub.world_size(), member.rank()), (2, 1));
+        });
     }
 }

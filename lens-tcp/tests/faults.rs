@@ -58,30 +58,35 @@ fn slow_joiner_is_waited_for() {
 
 #[test]
 fn rank_that_never_joins_is_named() {
-    let (hub, _addr) = common::hub(3, Duration::from_secs(1));
-    let hub = {
-        // Shorter join timeout for this test.
-        drop(hub);
-        let cfg = lens_tcp::TcpConfig::builder()
-            .rank(0)
+    let cfg = |rank: usize, addr: &str, join: Duration| {
+        lens_tcp::TcpConfig::builder()
+            .rank(rank)
             .world_size(3)
-            .addr("127.0.0.1:0")
+            .addr(addr)
             .key(common::KEY)
-            .join_timeout(Duration::from_millis(500))
+            .join_timeout(join)
             .build()
-            .expect("config");
-        TcpBroadcaster::start(cfg).expect("bind")
+            .expect("config")
     };
+    let hub =
+        TcpBroadcaster::start(cfg(0, "127.0.0.1:0", Duration::from_millis(500))).expect("bind");
     let addr = hub.local_addr().expect("addr").to_string();
-    let one = TcpBroadcaster::start(common::config(1, 3, &addr, Duration::from_secs(1)))
-        .expect("connect");
+    let one = TcpBroadcaster::start(cfg(1, &addr, Duration::from_secs(2))).expect("connect");
     let started = Instant::now();
-    match hub.finish() {
-        Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
-        other => panic!("expected a timeout naming rank 2, got {other:?}"),
-    }
-    assert!(started.elapsed() < Duration::from_secs(3));
-    drop(one);
+    std::thread::scope(|s| {
+        // Rank 1 joins; rank 2 never does.
+        let one = s.spawn(|| one.finish());
+        match hub.finish() {
+            Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
+            other => panic!("expected a timeout naming rank 2, got {other:?}"),
+        }
+        // Rank 1 is never admitted and gives up at its own deadline, naming rank 0.
+        match one.join().expect("thread") {
+            Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![0]),
+            other => panic!("rank 1: expected a timeout, got {other:?}"),
+        }
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[test]
