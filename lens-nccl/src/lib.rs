@@ -14,6 +14,20 @@
 //!   (`ncclCommAbort`) and returns [`Error::Timeout`]; later rounds get [`Error::Closed`].
 //! - NCCL failures keep the NCCL result code in the error.
 //! - `broadcast` blocks its thread until the round is done (it polls a CUDA event).
+//!
+//! ```no_run
+//! use lens_nccl::NcclBroadcaster;
+//! use lens_tcp::{TcpBroadcaster, TcpConfig};
+//!
+//! # fn main() -> lens_core::Result<()> {
+//! // Any broadcaster carries the NCCL id; here the job's TCP group (torchrun variables).
+//! let tcp = TcpBroadcaster::connect(TcpConfig::from_env()?)?;
+//! let local_rank = lens_core::RankInfo::from_env()?.local_rank.unwrap_or(0);
+//! let gpu = futures::executor::block_on(NcclBroadcaster::bootstrap(&tcp, local_rank))?;
+//! let carrier = lens_core::blocking::broadcast_trace_context(&gpu, 0)?;
+//! # let _ = carrier;
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 #![cfg_attr(
     not(test),
