@@ -63,6 +63,7 @@ mod error;
 mod hierarchical;
 pub mod link;
 pub mod rank;
+pub mod slab;
 
 pub use broadcast::{broadcast_context, broadcast_trace_context};
 pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD, check_broadcast_args};

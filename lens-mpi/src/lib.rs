@@ -44,6 +44,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use lens_core::slab::SlabFormat;
 use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
 use mpi::environment::Threading;
 use mpi::ffi;
@@ -52,10 +53,9 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::Communicator;
 
 const BACKEND: &str = "mpi";
-const MAGIC: &[u8; 4] = b"LNSM";
+const MAGIC: [u8; 4] = *b"LNSM";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
-pub const HEADER: usize = 16;
-const FORMAT: u32 = 1;
+pub const HEADER: usize = lens_core::slab::HEADER_LEN;
 /// Default slab size in bytes: room for a carrier with a trace state and some baggage.
 pub const DEFAULT_SLAB: usize = 512;
 /// How long a round polls without pausing.
@@ -159,19 +159,15 @@ impl MpiBroadcasterBuilder {
     }
 }
 
-enum Done {
-    Complete,
-    TimedOut,
-}
-
 /// Runs one `MPI_Ibcast` of `buf` from `root` and polls it until it completes or the
-/// deadline passes. On a timeout `buf` is leaked: MPI may still write into it.
+/// deadline passes. Gives the buffer back when done; `None` on a timeout, when the buffer
+/// is leaked because MPI may still write into it.
 fn ibcast(
     comm: &SimpleCommunicator,
     root: usize,
     buf: Box<[u8]>,
     deadline: Instant,
-) -> Result<(Done, Option<Box<[u8]>>)> {
+) -> Result<Option<Box<[u8]>>> {
     let count =
         c_int::try_from(buf.len()).map_err(|_| Error::config("buffer too large for MPI"))?;
     let root = c_int::try_from(root).map_err(|_| Error::config("root too large for MPI"))?;
@@ -215,11 +211,11 @@ fn ibcast(
         }
         if flag != 0 {
             // SAFETY: the request completed, so MPI no longer uses the buffer.
-            return Ok((Done::Complete, Some(unsafe { Box::from_raw(ptr) })));
+            return Ok(Some(unsafe { Box::from_raw(ptr) }));
         }
         if Instant::now() >= deadline {
             tracing::warn!("MPI broadcast timed out; its buffer is left to MPI");
-            return Ok((Done::TimedOut, None));
+            return Ok(None);
         }
         // Keep testing (each test moves the collective on): yielding between tests was
         // measured slower, even with more ranks than cores. After a few milliseconds the
@@ -276,16 +272,17 @@ impl MpiBroadcaster {
         let start = Instant::now();
         let deadline = start + self.timeout;
         let cap = self.slab_capacity();
+        let format = SlabFormat {
+            magic: MAGIC,
+            slab_size: self.slab_size,
+            max_payload: self.max_payload,
+        };
         let mut slab = std::mem::take(&mut inner.slab);
-        if let Some(p) = payload {
-            slab[..4].copy_from_slice(MAGIC);
-            slab[4..8].copy_from_slice(&(self.slab_size as u32).to_le_bytes());
-            slab[8..12].copy_from_slice(&(p.len() as u32).to_le_bytes());
-            slab[12..16].copy_from_slice(&FORMAT.to_le_bytes());
-            let first = p.len().min(cap);
-            slab[HEADER..HEADER + first].copy_from_slice(&p[..first]);
-        } else {
-            slab[..HEADER].fill(0);
+        match payload {
+            Some(p) => {
+                format.fill(&mut slab, p);
+            }
+            None => slab[..HEADER].fill(0),
         }
         let timed_out = |inner: &mut Inner, missing: Vec<usize>| {
             inner.broken = Some(format!("a broadcast from root {root} timed out"));
@@ -294,35 +291,11 @@ impl MpiBroadcaster {
                 missing,
             }
         };
-        let (done, back) = ibcast(&inner.comm, root, slab, deadline)?;
+        let back = ibcast(&inner.comm, root, slab, deadline)?;
         let Some(slab) = back else {
-            let _ = done;
             return Err(timed_out(inner, Vec::new()));
         };
-        let header = &slab[..HEADER];
-        let word = |at: usize| {
-            u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
-        };
-        let checked = if &header[..4] != MAGIC || word(12) != FORMAT {
-            Err(Error::Mismatch {
-                reason: "the slab has no lens header (another program's broadcast, or a different lens version)".into(),
-            })
-        } else if word(4) as usize != self.slab_size {
-            Err(Error::Mismatch {
-                reason: format!(
-                    "root {root} uses {}-byte slabs, this rank {}-byte ones",
-                    word(4),
-                    self.slab_size
-                ),
-            })
-        } else if word(8) as usize > self.max_payload {
-            Err(Error::Corrupt {
-                reason: format!("announced payload of {} bytes is over the limit", word(8)),
-            })
-        } else {
-            Ok(word(8) as usize)
-        };
-        let len = match checked {
+        let len = match format.read(&slab, root) {
             Ok(len) => len,
             Err(e) => {
                 inner.slab = slab;
@@ -341,7 +314,7 @@ impl MpiBroadcaster {
                 Some(p) => p[cap..].into(),
                 None => vec![0u8; len - cap].into_boxed_slice(),
             };
-            let (_, back) = ibcast(&inner.comm, root, rest, deadline)?;
+            let back = ibcast(&inner.comm, root, rest, deadline)?;
             let Some(rest) = back else {
                 return Err(timed_out(inner, Vec::new()));
             };

@@ -45,15 +45,15 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id};
+use lens_core::slab::SlabFormat;
 use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
 
 use probe::{BACKEND, guarded};
 pub use probe::{Probe, probe};
 
-const MAGIC: &[u8; 4] = b"LNSN";
+const MAGIC: [u8; 4] = *b"LNSN";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
-pub const HEADER: usize = 16;
-const FORMAT: u32 = 1;
+pub const HEADER: usize = lens_core::slab::HEADER_LEN;
 /// Default slab size in bytes.
 pub const DEFAULT_SLAB: usize = 512;
 /// Default deadline of a round.
@@ -322,14 +322,13 @@ impl NcclBroadcaster {
         let cap = self.slab_capacity();
         let root_i32 =
             i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
+        let format = SlabFormat {
+            magic: MAGIC,
+            slab_size: self.slab_size,
+            max_payload: self.max_payload,
+        };
         if let Some(p) = payload {
-            let h = &mut inner.host;
-            h[..4].copy_from_slice(MAGIC);
-            h[4..8].copy_from_slice(&(self.slab_size as u32).to_le_bytes());
-            h[8..12].copy_from_slice(&(p.len() as u32).to_le_bytes());
-            h[12..16].copy_from_slice(&FORMAT.to_le_bytes());
-            let first = p.len().min(cap);
-            h[HEADER..HEADER + first].copy_from_slice(&p[..first]);
+            format.fill(&mut inner.host, p);
             let (stream, host, slab) = (&inner.stream, &inner.host, &mut inner.slab);
             guarded("cuMemcpyHtoD", || stream.memcpy_htod(host, slab))?
                 .map_err(|e| cuda_err("copying to the device", e))?;
@@ -348,23 +347,15 @@ impl NcclBroadcaster {
             guarded("cuStreamSynchronize", || stream.synchronize())?
                 .map_err(|e| cuda_err("synchronising", e))?;
         }
+        let len = match format.read(&inner.host, root) {
+            Ok(len) => len,
+            Err(e) => {
+                // The root may still send a remainder this rank cannot size: stop here.
+                inner.broken = Some(e.to_string());
+                return Err(e);
+            }
+        };
         let h = &inner.host;
-        let word = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-        if &h[..4] != MAGIC || word(12) != FORMAT || word(4) as usize != self.slab_size {
-            inner.broken = Some("ranks disagree on the slab format".into());
-            return Err(Error::Mismatch {
-                reason: format!(
-                    "root {root} uses another slab format or size ({} bytes here)",
-                    self.slab_size
-                ),
-            });
-        }
-        let len = word(8) as usize;
-        if len > self.max_payload {
-            return Err(Error::Corrupt {
-                reason: format!("announced payload of {len} bytes is over the limit"),
-            });
-        }
         let mut out = h[HEADER..HEADER + len.min(cap)].to_vec();
         if len > cap {
             let rest_len = len - cap;
