@@ -192,24 +192,32 @@ impl Link {
                 return Ok(None);
             }
             let ms = i64::try_from(left.as_millis().max(1)).unwrap_or(i64::MAX);
-            let mut order = vec![(Via::Hub, &self.hub)];
-            if let Some(k) = &self.kids {
-                order.push((Via::Kids, k));
-            }
-            if let Some(u) = &self.up {
-                order.push((Via::Up, u));
-            }
-            let mut items: Vec<zmq::PollItem<'_>> = order
-                .iter()
-                .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
-                .collect();
-            if zmq::poll(&mut items, ms).map_err(zmq_err("poll"))? == 0 {
-                continue;
-            }
-            let Some(at) = items.iter().position(zmq::PollItem::is_readable) else {
-                continue;
+            let (via, socket) = if self.kids.is_none() && self.up.is_none() {
+                // One socket (every rank of a star): poll it without building a poll set.
+                if self.hub.poll(zmq::POLLIN, ms).map_err(zmq_err("poll"))? == 0 {
+                    continue;
+                }
+                (Via::Hub, &self.hub)
+            } else {
+                let mut order = vec![(Via::Hub, &self.hub)];
+                if let Some(k) = &self.kids {
+                    order.push((Via::Kids, k));
+                }
+                if let Some(u) = &self.up {
+                    order.push((Via::Up, u));
+                }
+                let mut items: Vec<zmq::PollItem<'_>> = order
+                    .iter()
+                    .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
+                    .collect();
+                if zmq::poll(&mut items, ms).map_err(zmq_err("poll"))? == 0 {
+                    continue;
+                }
+                let Some(at) = items.iter().position(zmq::PollItem::is_readable) else {
+                    continue;
+                };
+                order[at]
             };
-            let (via, socket) = order[at];
             let routed = (via == Via::Hub && self.is_hub()) || via == Via::Kids;
             let mut parts = socket.recv_multipart(0).map_err(zmq_err("receive"))?;
             let (from, bytes) = match (routed, parts.len()) {
