@@ -129,7 +129,7 @@ pub(crate) fn decode(input: &[u8], limit: usize) -> Result<Vec<(Key, String)>, C
             p.skip_ws();
             let key = intern(p.string("a string key")?);
             p.skip_ws();
-            p.expect(b':', "':' after a key")?;
+            p.eat(b':', "':' after a key")?;
             p.skip_ws();
             match p.peek() {
                 None => return Err(CarrierError::UnexpectedEnd),
@@ -188,7 +188,7 @@ impl Parser<'_> {
         }
     }
 
-    fn expect(&mut self, byte: u8, expected: &'static str) -> Result<(), CarrierError> {
+    fn eat(&mut self, byte: u8, expected: &'static str) -> Result<(), CarrierError> {
         match self.peek() {
             None => Err(CarrierError::UnexpectedEnd),
             Some(b) if b == byte => {
@@ -203,7 +203,7 @@ impl Parser<'_> {
     }
 
     fn string(&mut self, expected: &'static str) -> Result<String, CarrierError> {
-        self.expect(b'"', expected)?;
+        self.eat(b'"', expected)?;
         let start = self.pos;
         // Fast path: up to the next quote there is no escape and no control character, so
         // the run is the string.

@@ -55,3 +55,50 @@ pub fn lens_with_env(args: &[&str], env: &[(&str, &str)], deadline: Duration) ->
 pub fn lens(args: &[&str], deadline: Duration) -> Run {
     lens_with_env(args, &[], deadline)
 }
+
+impl Run {
+    /// Asserts the run failed with a one-line reason on stderr, and returns that line.
+    pub fn failure_line(&self) -> &str {
+        assert!(!self.ok, "expected a failure; stdout: {}", self.stdout);
+        let line = self.stderr.trim();
+        assert_eq!(line.lines().count(), 1, "one line expected: {line}");
+        line
+    }
+
+    /// Asserts the run succeeded and printed `lens bench --json` lines for `backend`, one
+    /// per `(ranks, op)` in order, each with `iters` rounds and sane timings; returns them.
+    pub fn bench_lines(
+        &self,
+        backend: &str,
+        expected: &[(u64, &str)],
+        iters: u64,
+    ) -> Vec<serde_json::Value> {
+        assert!(self.ok, "stderr: {}", self.stderr);
+        let lines: Vec<serde_json::Value> = self
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .collect();
+        assert_eq!(lines.len(), expected.len(), "{}", self.stdout);
+        for (line, (ranks, op)) in lines.iter().zip(expected) {
+            assert_eq!(
+                (
+                    line["backend"].as_str(),
+                    line["ranks"].as_u64(),
+                    line["op"].as_str()
+                ),
+                (Some(backend), Some(*ranks), Some(*op)),
+                "{line}"
+            );
+            assert_eq!(line["iters"], iters, "{line}");
+            assert!(line["bytes"].as_u64().is_some_and(|b| b > 55), "{line}");
+            let median = line["median_us"].as_f64().expect("median");
+            let p99 = line["p99_us"].as_f64().expect("p99");
+            assert!(median > 0.0 && p99 >= median, "{line}");
+        }
+        for line in lines.iter().filter(|l| l["op"] == "lens") {
+            assert!(line["ratio_vs_raw"].as_f64().is_some(), "{line}");
+        }
+        lines
+    }
+}
