@@ -37,17 +37,21 @@
 #![allow(unsafe_code)]
 
 pub mod bench;
+mod device;
 mod probe;
+#[cfg(test)]
+mod sim;
 
 use std::ffi::c_char;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::CudaContext;
 use cudarc::nccl::{Comm, Id};
 use lens_core::slab::SlabFormat;
 use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
 
+use device::{Buf, Cuda, Device};
 use probe::{BACKEND, guarded};
 pub use probe::{Probe, probe};
 
@@ -80,25 +84,13 @@ fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     }
 }
 
-/// The communicator, unless a timeout aborted it.
-fn live(comm: Option<&Comm>) -> Result<&Comm> {
-    comm.ok_or_else(|| Error::Closed {
-        backend: BACKEND,
-        reason: "the communicator was aborted".into(),
-    })
-}
-
 struct Inner {
-    comm: Option<Comm>,
-    stream: Arc<CudaStream>,
-    slab: CudaSlice<u8>,
+    dev: Box<dyn Device>,
+    /// Host copy of the slab.
     host: Vec<u8>,
+    /// Why later rounds are refused, once a round left the group out of step.
     broken: Option<String>,
 }
-
-// SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
-// overlap; every use goes through the mutex around `Inner`.
-unsafe impl Send for Inner {}
 
 /// One rank of an NCCL communicator, one GPU per rank, as a [`Broadcaster`].
 pub struct NcclBroadcaster {
@@ -210,67 +202,83 @@ impl NcclBroadcaster {
     /// [`Error::Config`] for a slab not over the header or a zero timeout;
     /// [`Error::Transport`] when the slab cannot be allocated.
     pub fn with_options(comm: Comm, slab_size: usize, timeout: Duration) -> Result<Self> {
+        Self::check_options(slab_size, timeout)?;
+        let (rank, world_size) = (comm.rank(), comm.world_size());
+        let dev = Cuda::new(comm, slab_size)?;
+        Ok(Self::from_device(
+            Box::new(dev),
+            rank,
+            world_size,
+            slab_size,
+            timeout,
+        ))
+    }
+
+    fn check_options(slab_size: usize, timeout: Duration) -> Result<()> {
         if slab_size <= HEADER || timeout.is_zero() {
             return Err(Error::config(format!(
                 "slab size {slab_size} must be over the {HEADER}-byte header and the timeout positive"
             )));
         }
-        let stream = comm.stream();
-        let slab = guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(slab_size))?
-            .map_err(|e| cuda_err("allocating the device slab", e))?;
-        Ok(NcclBroadcaster {
-            rank: comm.rank(),
-            world_size: comm.world_size(),
+        Ok(())
+    }
+
+    fn from_device(
+        dev: Box<dyn Device>,
+        rank: usize,
+        world_size: usize,
+        slab_size: usize,
+        timeout: Duration,
+    ) -> Self {
+        NcclBroadcaster {
+            rank,
+            world_size,
             slab_size,
             timeout,
             max_payload: lens_core::DEFAULT_MAX_PAYLOAD,
             inner: Mutex::new(Inner {
-                comm: Some(comm),
-                stream,
-                slab,
+                dev,
                 host: vec![0u8; slab_size],
                 broken: None,
             }),
-        })
+        }
     }
 
     /// A raw `ncclBroadcast` of `len` bytes (the root's `payload`) with no lens framing:
-    /// copy to the device, broadcast, wait, copy back. The baseline of the NCCL bench.
+    /// copy to the device, broadcast, wait, copy back, through a device buffer kept between
+    /// calls. The baseline of the NCCL bench.
     ///
     /// # Errors
-    /// As [`Broadcaster::broadcast`].
+    /// As [`Broadcaster::broadcast`]; [`Error::Config`] when the root's payload is not `len`
+    /// bytes long.
     pub fn raw_broadcast(
         &self,
         root: usize,
         payload: Option<&[u8]>,
         len: usize,
     ) -> Result<Vec<u8>> {
+        let payload = check_broadcast_args(self, root, payload)?;
+        if let Some(p) = payload.filter(|p| p.len() != len) {
+            return Err(Error::config(format!(
+                "raw payload of {} bytes where {len} were announced",
+                p.len()
+            )));
+        }
         let start = Instant::now();
-        let mut inner = self.inner();
-        let root_i32 =
-            i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
-        let stream = inner.stream.clone();
-        let mut buf = guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(len.max(1)))?
-            .map_err(|e| cuda_err("allocating", e))?;
-        if let Some(p) = payload {
-            guarded("cuMemcpyHtoD", || stream.memcpy_htod(p, &mut buf))?
-                .map_err(|e| cuda_err("copying to the device", e))?;
-        }
-        {
-            let comm = live(inner.comm.as_ref())?;
-            guarded("ncclBroadcast", || {
-                comm.broadcast_in_place(&mut buf, root_i32)
-            })?
-            .map_err(|e| nccl_err("ncclBroadcast", e))?;
-        }
-        Self::wait(&mut inner, start + self.timeout, start)?;
-        let mut out = vec![0u8; len.max(1)];
-        guarded("cuMemcpyDtoH", || stream.memcpy_dtoh(&buf, &mut out))?
-            .map_err(|e| cuda_err("copying from the device", e))?;
-        guarded("cuStreamSynchronize", || stream.synchronize())?
-            .map_err(|e| cuda_err("synchronising", e))?;
-        out.truncate(len);
-        Ok(out)
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        Self::check_live(inner)?;
+        let mut out = vec![0u8; len];
+        let result = (|| {
+            inner.dev.reserve(Buf::Spill, len)?;
+            if let Some(p) = payload {
+                inner.dev.upload(Buf::Spill, p)?;
+            }
+            inner.dev.broadcast(Buf::Spill, len, root)?;
+            self.wait(inner, start)?;
+            inner.dev.download(Buf::Spill, &mut out)
+        })();
+        Self::stop_on_error(inner, result).map(|()| out)
     }
 
     /// Payload bytes that travel in the first broadcast.
@@ -282,31 +290,50 @@ impl NcclBroadcaster {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for the work queued on the stream, up to `deadline`; on a timeout aborts the
-    /// communicator so that no rank stays stuck in it.
-    fn wait(inner: &mut Inner, deadline: Instant, start: Instant) -> Result<()> {
-        let event = guarded("cuEventRecord", || inner.stream.record_event(None))?
-            .map_err(|e| cuda_err("recording an event", e))?;
+    fn check_live(inner: &Inner) -> Result<()> {
+        match &inner.broken {
+            Some(why) => Err(Error::Closed {
+                backend: BACKEND,
+                reason: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// A round that failed part-way leaves this rank out of step with the others (they may
+    /// still be inside the collective, or the root may still send a remainder): abort the
+    /// communicator, so none of this rank's kernels wait on the peers, and refuse later rounds.
+    fn stop_on_error<T>(inner: &mut Inner, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            if inner.broken.is_none() {
+                inner.broken = Some(format!("an earlier round failed: {e}"));
+                inner.dev.abort();
+            }
+        }
+        result
+    }
+
+    /// Waits for the queued broadcast until the round's deadline (a timeout is then reported
+    /// and the communicator aborted by [`Self::stop_on_error`]).
+    fn wait(&self, inner: &mut Inner, start: Instant) -> Result<()> {
+        let deadline = start + self.timeout;
         let mut spins = 0u32;
         loop {
-            match guarded("cuEventQuery", || event.try_is_complete())? {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(cuda_err("waiting for the broadcast", e)),
+            if inner.dev.finished()? {
+                return Ok(());
             }
             if Instant::now() >= deadline {
-                inner.broken =
-                    Some("a broadcast timed out and the communicator was aborted".into());
-                // Dropping a cudarc communicator calls ncclCommAbort.
-                let comm = inner.comm.take();
-                if guarded("ncclCommAbort", move || drop(comm)).is_err() {
-                    tracing::warn!("ncclCommAbort failed");
-                }
+                inner.broken = Some(format!(
+                    "a broadcast timed out after {:?} and the communicator was aborted",
+                    self.timeout
+                ));
+                inner.dev.abort();
                 return Err(Error::Timeout {
                     after: start.elapsed(),
                     missing: Vec::new(),
                 });
             }
+            // Spin briefly (a broadcast on one node takes microseconds), then yield the core.
             spins += 1;
             if spins > 2_000 {
                 std::thread::sleep(Duration::from_micros(20));
@@ -318,10 +345,7 @@ impl NcclBroadcaster {
 
     fn round(&self, inner: &mut Inner, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let start = Instant::now();
-        let deadline = start + self.timeout;
         let cap = self.slab_capacity();
-        let root_i32 =
-            i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
         let format = SlabFormat {
             magic: MAGIC,
             slab_size: self.slab_size,
@@ -329,57 +353,24 @@ impl NcclBroadcaster {
         };
         if let Some(p) = payload {
             format.fill(&mut inner.host, p);
-            let (stream, host, slab) = (&inner.stream, &inner.host, &mut inner.slab);
-            guarded("cuMemcpyHtoD", || stream.memcpy_htod(host, slab))?
-                .map_err(|e| cuda_err("copying to the device", e))?;
+            inner.dev.upload(Buf::Slab, &inner.host)?;
         }
-        {
-            let Inner { comm, slab, .. } = &mut *inner;
-            let comm = live(comm.as_ref())?;
-            guarded("ncclBroadcast", || comm.broadcast_in_place(slab, root_i32))?
-                .map_err(|e| nccl_err("ncclBroadcast", e))?;
-        }
-        Self::wait(inner, deadline, start)?;
-        {
-            let (stream, host, slab) = (&inner.stream, &mut inner.host, &inner.slab);
-            guarded("cuMemcpyDtoH", || stream.memcpy_dtoh(slab, host))?
-                .map_err(|e| cuda_err("copying from the device", e))?;
-            guarded("cuStreamSynchronize", || stream.synchronize())?
-                .map_err(|e| cuda_err("synchronising", e))?;
-        }
-        let len = match format.read(&inner.host, root) {
-            Ok(len) => len,
-            Err(e) => {
-                // The root may still send a remainder this rank cannot size: stop here.
-                inner.broken = Some(e.to_string());
-                return Err(e);
-            }
-        };
-        let h = &inner.host;
-        let mut out = h[HEADER..HEADER + len.min(cap)].to_vec();
+        inner.dev.broadcast(Buf::Slab, self.slab_size, root)?;
+        self.wait(inner, start)?;
+        inner.dev.download(Buf::Slab, &mut inner.host)?;
+        let len = format.read(&inner.host, root)?;
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&inner.host[HEADER..HEADER + len.min(cap)]);
         if len > cap {
-            let rest_len = len - cap;
-            let stream = inner.stream.clone();
-            let mut rest = guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(rest_len))?
-                .map_err(|e| cuda_err("allocating the remainder", e))?;
+            let rest = len - cap;
+            inner.dev.reserve(Buf::Spill, rest)?;
             if let Some(p) = payload {
-                guarded("cuMemcpyHtoD", || stream.memcpy_htod(&p[cap..], &mut rest))?
-                    .map_err(|e| cuda_err("copying to the device", e))?;
+                inner.dev.upload(Buf::Spill, &p[cap..])?;
             }
-            {
-                let comm = live(inner.comm.as_ref())?;
-                guarded("ncclBroadcast", || {
-                    comm.broadcast_in_place(&mut rest, root_i32)
-                })?
-                .map_err(|e| nccl_err("ncclBroadcast", e))?;
-            }
-            Self::wait(inner, deadline, start)?;
-            let mut host_rest = vec![0u8; rest_len];
-            guarded("cuMemcpyDtoH", || stream.memcpy_dtoh(&rest, &mut host_rest))?
-                .map_err(|e| cuda_err("copying from the device", e))?;
-            guarded("cuStreamSynchronize", || stream.synchronize())?
-                .map_err(|e| cuda_err("synchronising", e))?;
-            out.extend_from_slice(&host_rest);
+            inner.dev.broadcast(Buf::Spill, rest, root)?;
+            self.wait(inner, start)?;
+            out.resize(len, 0);
+            inner.dev.download(Buf::Spill, &mut out[cap..])?;
         }
         Ok(out)
     }
@@ -401,13 +392,220 @@ impl Broadcaster for NcclBroadcaster {
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
-        let mut inner = self.inner();
-        if let Some(why) = &inner.broken {
-            return Err(Error::Closed {
-                backend: BACKEND,
-                reason: why.clone(),
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        Self::check_live(inner)?;
+        let result = self.round(inner, root, payload);
+        Self::stop_on_error(inner, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use lens_core::blocking;
+    use lens_testkit::conformance::{Options, pattern, run_rank};
+
+    use super::*;
+    use crate::sim::{SimFault, SimGpu, SimLog, SimWorld};
+
+    type Logs = Vec<Arc<Mutex<SimLog>>>;
+
+    /// A simulated group: one rank per slab size, each with its fault.
+    fn group(
+        slabs: &[usize],
+        faults: &[SimFault],
+        timeout: Duration,
+    ) -> (Vec<NcclBroadcaster>, Logs) {
+        let world = SimWorld::new(slabs.len());
+        slabs
+            .iter()
+            .enumerate()
+            .map(|(rank, &slab)| {
+                let fault = faults.get(rank).copied().unwrap_or(SimFault::None);
+                let (gpu, log) = SimGpu::new(&world, rank, slab, fault);
+                let b =
+                    NcclBroadcaster::from_device(Box::new(gpu), rank, slabs.len(), slab, timeout);
+                (b, log)
+            })
+            .unzip()
+    }
+
+    /// Runs `f` on every rank at once, one thread each (a round blocks its thread).
+    fn on_each<T: Send>(
+        ranks: &[NcclBroadcaster],
+        f: impl Fn(&NcclBroadcaster) -> T + Sync,
+    ) -> Vec<T> {
+        std::thread::scope(|s| {
+            let h: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
+            h.into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        })
+    }
+
+    fn aborted(log: &Arc<Mutex<SimLog>>) -> bool {
+        log.lock().expect("log").aborted
+    }
+
+    #[test]
+    fn conformance_on_simulated_gpus() {
+        // (why, slab size of every rank, ranks)
+        let rows = [
+            ("one rank, as on a single-GPU machine", DEFAULT_SLAB, 1),
+            ("two ranks, default slab", DEFAULT_SLAB, 2),
+            ("four ranks, default slab", DEFAULT_SLAB, 4),
+            ("one-byte slab: nearly every payload spills", HEADER + 1, 3),
+            ("large slab: nothing spills below 4 KiB", HEADER + 4096, 2),
+        ];
+        for (why, slab, n) in rows {
+            let (ranks, logs) = group(&vec![slab; n], &[], Duration::from_secs(20));
+            let got = on_each(&ranks, |b| {
+                futures::executor::block_on(run_rank(b, &Options::default().rounds(200)))
             });
+            for r in got {
+                if let Err(f) = r {
+                    panic!("{why}: {f}");
+                }
+            }
+            assert!(!logs.iter().any(aborted), "{why}: nothing may abort");
         }
-        self.round(&mut inner, root, payload)
+    }
+
+    #[test]
+    fn spill_buffer_is_kept_between_rounds() {
+        let (ranks, logs) = group(&[DEFAULT_SLAB; 2], &[], Duration::from_secs(20));
+        on_each(&ranks, |b| {
+            let raw = pattern(0, 0, 1000);
+            let big = pattern(1, 0, 5000);
+            for _ in 0..50 {
+                let got = b
+                    .raw_broadcast(0, (b.rank() == 0).then_some(&raw[..]), raw.len())
+                    .expect("raw");
+                assert_eq!(got, raw);
+                let got =
+                    blocking::broadcast(b, 0, (b.rank() == 0).then_some(&big[..])).expect("lens");
+                assert_eq!(got, big);
+            }
+        });
+        for log in &logs {
+            // One allocation for the raw 1,000 bytes, one when the 5,000-byte payload's
+            // remainder outgrew it; none per round.
+            assert_eq!(log.lock().expect("log").allocations, 2);
+        }
+    }
+
+    #[test]
+    fn a_rank_that_never_calls_times_out_the_others_and_they_abort() {
+        let timeout = Duration::from_millis(300);
+        let (ranks, logs) = group(&[DEFAULT_SLAB; 3], &[], timeout);
+        let got = on_each(&ranks[..2], |b| {
+            let t = Instant::now();
+            let r = blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"ctx"[..]));
+            (r, t.elapsed())
+        });
+        for (rank, (r, took)) in got.into_iter().enumerate() {
+            assert!(
+                matches!(r, Err(Error::Timeout { .. })),
+                "rank {rank}: {r:?}"
+            );
+            assert!(
+                took >= timeout && took < timeout * 10,
+                "rank {rank} took {took:?}"
+            );
+            assert!(
+                aborted(&logs[rank]),
+                "rank {rank} must abort its communicator"
+            );
+            let again = blocking::broadcast(&ranks[rank], 0, (rank == 0).then_some(&b"x"[..]));
+            assert!(
+                matches!(again, Err(Error::Closed { .. })),
+                "rank {rank}: {again:?}"
+            );
+        }
+        assert!(!aborted(&logs[2]));
+    }
+
+    #[test]
+    fn a_failed_upload_fails_the_root_and_closes_it() {
+        let (ranks, logs) = group(
+            &[DEFAULT_SLAB; 2],
+            &[SimFault::FailUpload(1)],
+            Duration::from_millis(300),
+        );
+        let got = on_each(&ranks, |b| {
+            blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"ctx"[..]))
+        });
+        match &got[0] {
+            Err(Error::Transport { message, .. }) => {
+                assert!(message.contains("upload"), "{message}")
+            }
+            other => panic!("root: expected the upload's error, got {other:?}"),
+        }
+        assert!(matches!(got[1], Err(Error::Timeout { .. })), "{:?}", got[1]);
+        assert!(aborted(&logs[0]) && aborted(&logs[1]));
+        match blocking::broadcast(&ranks[0], 0, Some(b"again")) {
+            Err(Error::Closed { reason, .. }) => assert!(reason.contains("upload"), "{reason}"),
+            other => panic!("expected Closed naming the first failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ranks_with_different_slabs_are_told_and_stop() {
+        let (ranks, logs) = group(
+            &[DEFAULT_SLAB, 2 * DEFAULT_SLAB],
+            &[],
+            Duration::from_secs(5),
+        );
+        let got = on_each(&ranks, |b| {
+            blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"ctx"[..]))
+        });
+        assert_eq!(got[0].as_deref().ok(), Some(&b"ctx"[..]));
+        assert!(
+            matches!(got[1], Err(Error::Mismatch { .. })),
+            "{:?}",
+            got[1]
+        );
+        assert!(aborted(&logs[1]));
+        assert!(matches!(
+            blocking::broadcast(&ranks[1], 0, None),
+            Err(Error::Closed { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_arguments_are_errors_before_any_work() {
+        let rows: [(&str, usize, Duration); 3] = [
+            (
+                "slab no larger than the header",
+                HEADER,
+                Duration::from_secs(1),
+            ),
+            ("empty slab", 0, Duration::from_secs(1)),
+            ("zero timeout", DEFAULT_SLAB, Duration::ZERO),
+        ];
+        for (why, slab, timeout) in rows {
+            assert!(
+                matches!(
+                    NcclBroadcaster::check_options(slab, timeout),
+                    Err(Error::Config { .. })
+                ),
+                "{why}"
+            );
+        }
+        let (ranks, logs) = group(&[DEFAULT_SLAB], &[], Duration::from_secs(1));
+        let r = ranks[0].raw_broadcast(0, Some(b"four"), 3);
+        assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
+        let r = ranks[0].raw_broadcast(1, Some(b"four"), 4);
+        assert!(matches!(r, Err(Error::InvalidRoot { .. })), "{r:?}");
+        assert!(
+            !aborted(&logs[0]),
+            "a rejected call must not break the group"
+        );
+        assert_eq!(
+            ranks[0].raw_broadcast(0, Some(b"four"), 4).expect("raw"),
+            b"four"
+        );
     }
 }
