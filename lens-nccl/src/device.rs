@@ -126,6 +126,11 @@ impl Device for Cuda {
             i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
         let dst = pick(&mut self.slab, &mut self.spill, buf)?;
         let comm = live(self.comm.as_ref())?;
+        // NCCL launches on the thread's current device: a non-root rank reaches this call
+        // without any cudarc call having bound the context on this thread.
+        let ctx = self.stream.context();
+        guarded("cuCtxSetCurrent", || ctx.bind_to_thread())?
+            .map_err(|e| cuda_err("binding the CUDA context", e))?;
         guarded("ncclBroadcast", || {
             comm.broadcast_in_place(&mut dst.slice_mut(..len), root)
         })?

@@ -161,66 +161,194 @@ fn new_id() -> Result<[u8; ID_LEN]> {
     Ok(out)
 }
 
+/// Settings of an [`NcclBroadcaster`]; every rank of a group must use the same slab size.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = lens_nccl::NcclOptions::default()
+///     .slab_size(1024)
+///     .timeout(Duration::from_secs(5));
+/// assert_eq!(opts.slab_size, 1024);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NcclOptions {
+    /// Slab size in bytes, header included (default [`DEFAULT_SLAB`]).
+    pub slab_size: usize,
+    /// Deadline of one round (default [`DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+    /// Deadline of `ncclCommInitRank` in [`NcclBroadcaster::bootstrap_with`] (default
+    /// [`DEFAULT_INIT_TIMEOUT`]): NCCL's init waits for every rank with no deadline of its own.
+    pub init_timeout: Duration,
+}
+
+/// Default deadline of the NCCL init in [`NcclBroadcaster::bootstrap`].
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Default for NcclOptions {
+    fn default() -> Self {
+        NcclOptions {
+            slab_size: DEFAULT_SLAB,
+            timeout: DEFAULT_TIMEOUT,
+            init_timeout: DEFAULT_INIT_TIMEOUT,
+        }
+    }
+}
+
+impl NcclOptions {
+    /// Sets the slab size (header included; must be over [`HEADER`]).
+    pub fn slab_size(mut self, bytes: usize) -> Self {
+        self.slab_size = bytes;
+        self
+    }
+
+    /// Sets the deadline of one round (must be positive).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the deadline of the NCCL init (must be positive).
+    pub fn init_timeout(mut self, timeout: Duration) -> Self {
+        self.init_timeout = timeout;
+        self
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.slab_size <= HEADER {
+            return Err(Error::config(format!(
+                "slab size {} must be over the {HEADER}-byte header",
+                self.slab_size
+            )));
+        }
+        if self.timeout.is_zero() || self.init_timeout.is_zero() {
+            return Err(Error::config("NCCL timeouts must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// A value moved to another thread although its type is not `Send`.
+struct AssertSend<T>(T);
+
+// SAFETY: used only for a cudarc `Comm` made on a helper thread and handed over once; NCCL
+// communicators may be used from any thread as long as calls do not overlap.
+unsafe impl<T> Send for AssertSend<T> {}
+
+/// Runs `f` on a helper thread and waits for it until `timeout`. On a timeout the thread is
+/// left behind (blocked in a call that cannot be cancelled, such as `ncclCommInitRank`) and
+/// whatever it returns later is dropped there.
+fn with_deadline<T: 'static>(
+    what: &'static str,
+    timeout: Duration,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("lens-nccl {what}"))
+        .spawn(move || {
+            let made = guarded(what, || f().map(AssertSend)).and_then(|r| r);
+            if let Err(std::sync::mpsc::TrySendError::Disconnected(Ok(late))) = tx.try_send(made) {
+                tracing::warn!("{what} finished after its deadline; dropping what it made");
+                // A late communicator is aborted by its drop, which cudarc lets panic.
+                let _ = guarded("dropping a late result", move || drop(late));
+            }
+        })
+        .map_err(|e| Error::Transport {
+            backend: BACKEND,
+            message: format!("cannot start a thread for {what}"),
+            source: Some(Box::new(e)),
+        })?;
+    match rx.recv_timeout(timeout) {
+        Ok(made) => made.map(|AssertSend(v)| v),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            tracing::warn!(
+                ?timeout,
+                "{what} did not finish in time; its thread is left behind"
+            );
+            Err(Error::Timeout {
+                after: start.elapsed(),
+                missing: Vec::new(),
+            })
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Unavailable {
+            backend: BACKEND,
+            reason: format!("{what} ended without an answer"),
+        }),
+    }
+}
+
 impl NcclBroadcaster {
     /// Joins an NCCL communicator on GPU `device` with the ranks of `other`: rank 0 creates
     /// the unique id, `other` carries it to every rank, and each rank initialises NCCL.
+    /// Default [`NcclOptions`].
+    ///
+    /// # Errors
+    /// As [`NcclBroadcaster::bootstrap_with`].
+    pub async fn bootstrap(other: &dyn Broadcaster, device: usize) -> Result<Self> {
+        Self::bootstrap_with(other, device, &NcclOptions::default()).await
+    }
+
+    /// [`NcclBroadcaster::bootstrap`] with options.
     ///
     /// # Errors
     /// [`Error::Unavailable`] on a machine without CUDA, NCCL or the device (on every rank:
-    /// rank 0's failure is sent to the others); NCCL and CUDA failures as
-    /// [`Error::Transport`] with their result codes.
-    pub async fn bootstrap(other: &dyn Broadcaster, device: usize) -> Result<Self> {
+    /// rank 0's failure is sent to the others); [`Error::Timeout`] when a rank does not join
+    /// NCCL's init in time; NCCL and CUDA failures as [`Error::Transport`] with their result
+    /// codes; [`Error::Config`] for bad options.
+    pub async fn bootstrap_with(
+        other: &dyn Broadcaster,
+        device: usize,
+        opts: &NcclOptions,
+    ) -> Result<Self> {
+        opts.check()?;
         let id = exchange_id(other, new_id).await?;
         probe()?;
-        let ctx = guarded("cuCtxCreate", || CudaContext::new(device))?
-            .map_err(|e| cuda_err(&format!("opening device {device}"), e))?;
-        let stream = guarded("cuStreamCreate", || ctx.new_stream())?
-            .map_err(|e| cuda_err("creating a stream", e))?;
         let mut internal = [0 as c_char; ID_LEN];
         for (i, b) in internal.iter_mut().zip(id) {
             *i = b as c_char;
         }
         let (rank, world) = (other.rank(), other.world_size());
-        let comm = guarded("ncclCommInitRank", || {
+        // The context, stream and communicator are made on one thread (NCCL's init uses the
+        // thread's current device); cudarc binds the context again wherever it is used.
+        let comm = with_deadline("ncclCommInitRank", opts.init_timeout, move || {
+            let ctx = CudaContext::new(device)
+                .map_err(|e| cuda_err(&format!("opening device {device}"), e))?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| cuda_err("creating a stream", e))?;
             Comm::from_rank(stream, rank, world, Id::uninit(internal))
-        })?
-        .map_err(|e| nccl_err("ncclCommInitRank", e))?;
-        Self::from_comm(comm)
+                .map_err(|e| nccl_err("ncclCommInitRank", e))
+        })?;
+        Self::with_options(comm, opts)
     }
 
-    /// Wraps a communicator the application already owns (its stream is used too).
+    /// Wraps a communicator the application already owns (its stream is used too), with
+    /// default [`NcclOptions`].
     ///
     /// # Errors
     /// [`Error::Transport`] when the device slab cannot be allocated.
     pub fn from_comm(comm: Comm) -> Result<Self> {
-        Self::with_options(comm, DEFAULT_SLAB, DEFAULT_TIMEOUT)
+        Self::with_options(comm, &NcclOptions::default())
     }
 
-    /// [`NcclBroadcaster::from_comm`] with a slab size (header included) and a deadline.
+    /// [`NcclBroadcaster::from_comm`] with options (`init_timeout` is not used).
     ///
     /// # Errors
-    /// [`Error::Config`] for a slab not over the header or a zero timeout;
-    /// [`Error::Transport`] when the slab cannot be allocated.
-    pub fn with_options(comm: Comm, slab_size: usize, timeout: Duration) -> Result<Self> {
-        Self::check_options(slab_size, timeout)?;
+    /// [`Error::Config`] for bad options; [`Error::Transport`] when the slab cannot be
+    /// allocated.
+    pub fn with_options(comm: Comm, opts: &NcclOptions) -> Result<Self> {
+        opts.check()?;
         let (rank, world_size) = (comm.rank(), comm.world_size());
-        let dev = Cuda::new(comm, slab_size)?;
+        let dev = Cuda::new(comm, opts.slab_size)?;
         Ok(Self::from_device(
             Box::new(dev),
             rank,
             world_size,
-            slab_size,
-            timeout,
+            opts.slab_size,
+            opts.timeout,
         ))
-    }
-
-    fn check_options(slab_size: usize, timeout: Duration) -> Result<()> {
-        if slab_size <= HEADER || timeout.is_zero() {
-            return Err(Error::config(format!(
-                "slab size {slab_size} must be over the {HEADER}-byte header and the timeout positive"
-            )));
-        }
-        Ok(())
     }
 
     fn from_device(
@@ -575,25 +703,57 @@ mod tests {
     }
 
     #[test]
+    fn a_stuck_init_is_a_timeout_not_a_hang() {
+        let t = Instant::now();
+        let r: Result<()> = with_deadline("stuck", Duration::from_millis(200), || {
+            std::thread::sleep(Duration::from_secs(30));
+            Ok(())
+        });
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(
+            with_deadline("quick", Duration::from_secs(5), || Ok(7)).ok(),
+            Some(7)
+        );
+        let r: Result<()> = with_deadline("failing", Duration::from_secs(5), || {
+            Err(Error::config("no device"))
+        });
+        assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
+        let r: Result<()> = with_deadline("panicking", Duration::from_secs(5), || {
+            panic!("as cudarc does without a library")
+        });
+        assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    }
+
+    #[test]
     fn bad_arguments_are_errors_before_any_work() {
-        let rows: [(&str, usize, Duration); 3] = [
+        let rows = [
             (
                 "slab no larger than the header",
-                HEADER,
-                Duration::from_secs(1),
+                NcclOptions::default().slab_size(HEADER),
             ),
-            ("empty slab", 0, Duration::from_secs(1)),
-            ("zero timeout", DEFAULT_SLAB, Duration::ZERO),
+            ("empty slab", NcclOptions::default().slab_size(0)),
+            (
+                "zero timeout",
+                NcclOptions::default().timeout(Duration::ZERO),
+            ),
+            (
+                "zero init timeout",
+                NcclOptions::default().init_timeout(Duration::ZERO),
+            ),
         ];
-        for (why, slab, timeout) in rows {
-            assert!(
-                matches!(
-                    NcclBroadcaster::check_options(slab, timeout),
-                    Err(Error::Config { .. })
-                ),
-                "{why}"
-            );
+        for (why, opts) in rows {
+            assert!(matches!(opts.check(), Err(Error::Config { .. })), "{why}");
         }
+        assert!(NcclOptions::default().check().is_ok());
+        // Bad options are refused before the id exchange, so no rank waits on this one.
+        let one = lens_testkit::LocalCluster::new(1).broadcasters();
+        let r = futures::executor::block_on(NcclBroadcaster::bootstrap_with(
+            &one[0],
+            0,
+            &NcclOptions::default().slab_size(1),
+        ));
+        assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
         let (ranks, logs) = group(&[DEFAULT_SLAB], &[], Duration::from_secs(1));
         let r = ranks[0].raw_broadcast(0, Some(b"four"), 3);
         assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");

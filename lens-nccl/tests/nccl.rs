@@ -129,7 +129,7 @@ fn gpu_slab_boundaries_and_timings() {
     let mut lens = Vec::new();
     for _ in 0..2000 {
         let t = Instant::now();
-        blocking::broadcast(&b, 0, Some(&bytes)).expect("raw");
+        b.raw_broadcast(0, Some(&bytes), bytes.len()).expect("raw");
         raw.push(t.elapsed().as_secs_f64() * 1e6);
         let t = Instant::now();
         blocking::broadcast_context(&b, 0, &cx).expect("lens");
@@ -138,7 +138,7 @@ fn gpu_slab_boundaries_and_timings() {
     raw.sort_by(f64::total_cmp);
     lens.sort_by(f64::total_cmp);
     println!(
-        "gpu-check: one rank, {} carrier bytes: slab broadcast median {:.1} us, broadcast_trace_context median {:.1} us",
+        "gpu-check: one rank, {} carrier bytes: raw ncclBroadcast median {:.1} us, broadcast_trace_context median {:.1} us",
         bytes.len(),
         raw[raw.len() / 2],
         lens[lens.len() / 2]
