@@ -4,8 +4,9 @@
 #   scripts/gpu-check.sh --build   on an x86-64 machine with cargo: builds the NCCL test
 #                                  binary and the lens program into gpu-bin/
 #   scripts/gpu-check.sh           on the GPU machine (no Rust needed): prints the GPU, the
-#                                  driver and NCCL, runs the GPU tests and the NCCL bench;
-#                                  exits non-zero on any failure.
+#                                  driver and NCCL, runs the NCCL tests (GPU ones included),
+#                                  the NCCL demo on every GPU (one process per GPU) and the
+#                                  NCCL bench; exits non-zero on any failure.
 #
 # The GPU machines have a CUDA 13 driver and NCCL only inside Python (the nvidia-nccl-cu13
 # wheel, which ships libnccl.so.2: a libnccl.so link to it is made for cudarc). With one
@@ -24,7 +25,7 @@ for line in sys.stdin:
         print(m["executable"])' | tail -n 1)
   [ -n "$test_exe" ] || { echo "gpu-check: could not build the NCCL tests" >&2; exit 1; }
   cp "$test_exe" "$BIN/nccl-tests"
-  cargo build --release -p lens --features nccl
+  cargo build --release -p lens --features nccl,tcp
   cp target/release/lens "$BIN/lens"
   echo "gpu-check: built $BIN/nccl-tests and $BIN/lens"
   exit 0
@@ -48,9 +49,12 @@ if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
 else
   echo "== NCCL: no nvidia.nccl Python package; relying on the loader path"
 fi
-echo "== GPU tests"
-timeout 300 "$BIN/nccl-tests" --ignored --test-threads=1 --nocapture
-echo "== NCCL bench"
-timeout 300 "$BIN/lens" bench --backend nccl --iters 2000
-timeout 300 "$BIN/lens" bench --backend nccl --iters 2000 --json
+ngpu=$(nvidia-smi --list-gpus | grep -c '^GPU' || true)
+echo "== NCCL tests (GPU tests on GPU 0, one rank)"
+timeout 200 "$BIN/nccl-tests" --include-ignored --test-threads=1 --nocapture
+echo "== NCCL demo: $ngpu process(es), one per GPU, bootstrapped over loopback TCP"
+timeout 90 "$BIN/lens" demo --backend nccl --ranks "$ngpu" --steps 3 --timeout 20
+echo "== NCCL bench (every local GPU, one thread each)"
+timeout 90 "$BIN/lens" bench --backend nccl --iters 2000
+timeout 90 "$BIN/lens" bench --backend nccl --iters 2000 --json
 echo "gpu-check: all passed"

@@ -8,10 +8,14 @@
 //!   [`probe`] checks the libraries and their symbols first (cudarc panics when one is
 //!   missing) and everything returns [`Error::Unavailable`] with the reason.
 //! - [`NcclBroadcaster::bootstrap`] creates the NCCL unique id on rank 0 and sends it over
-//!   any other [`Broadcaster`] (TCP, MPI, local); [`NcclBroadcaster::from_comm`] wraps a
-//!   communicator (and its stream) that the application already owns.
+//!   any other [`Broadcaster`] (TCP, MPI, local), then joins NCCL under a deadline
+//!   ([`NcclOptions::init_timeout`]); [`NcclBroadcaster::from_comm`] wraps a communicator
+//!   (and its stream) that the application already owns.
 //! - A round that does not complete by the deadline aborts the communicator
-//!   (`ncclCommAbort`) and returns [`Error::Timeout`]; later rounds get [`Error::Closed`].
+//!   (`ncclCommAbort`) and returns [`Error::Timeout`]; a round that fails part-way aborts it
+//!   too (the rank is out of step with its peers). Later rounds get [`Error::Closed`].
+//! - The round logic is written against a small device trait; this crate's tests run it,
+//!   conformance suite included, on a simulated NCCL group, so it is checked without a GPU.
 //! - NCCL failures keep the NCCL result code in the error.
 //! - `broadcast` blocks its thread until the round is done (it polls a CUDA event).
 //!

@@ -46,7 +46,10 @@ fn unavailable(reason: impl Into<String>) -> Error {
 
 /// The first of cudarc's candidate names for `lib` that loads and has every symbol.
 fn find(lib: &str, symbols: &[&str]) -> Result<String> {
-    let candidates = cudarc::get_lib_name_candidates(lib);
+    let mut candidates = cudarc::get_lib_name_candidates(lib);
+    // cudarc's list repeats some names; the reason quotes it, so keep each once, in order.
+    let mut seen = std::collections::HashSet::new();
+    candidates.retain(|c| seen.insert(c.clone()));
     let mut tried = Vec::new();
     for name in &candidates {
         // SAFETY: loading a shared library runs its initialisers; the CUDA and NCCL

@@ -160,15 +160,61 @@ fn bench_prints_json_lines_for_raw_and_lens() {
     );
 }
 
-/// Without CUDA (as on CI) the NCCL bench says why, in one line, and fails.
+/// Without CUDA (as on CI) the NCCL bench says why, in one line, and fails; with a GPU it
+/// runs.
 #[cfg(feature = "nccl")]
 #[test]
-fn nccl_bench_without_cuda_is_unavailable() {
+fn nccl_bench_runs_or_says_why_not() {
+    let run = lens(
+        &["bench", "--backend", "nccl", "--iters", "5", "--json"],
+        DEADLINE,
+    );
     if lens::nccl::probe().is_ok() {
-        // A GPU machine: scripts/gpu-check.sh covers the bench there.
+        assert!(run.ok, "{}", run.stderr);
         return;
     }
-    let run = lens(&["bench", "--backend", "nccl", "--iters", "5"], DEADLINE);
     let line = run.failure_line();
     assert!(line.contains("nccl backend is unavailable"), "{line}");
+}
+
+/// The NCCL demo (ranks bootstrapped over TCP) fails in one line without CUDA, before any
+/// rank starts, and a lone rank of a real job says which rank and GPU could not start.
+#[cfg(all(feature = "nccl", feature = "tcp"))]
+#[test]
+fn nccl_demo_runs_or_says_why_not() {
+    let run = lens(
+        &["demo", "--backend", "nccl", "--ranks", "1", "--quiet"],
+        DEADLINE,
+    );
+    if lens::nccl::probe().is_ok() {
+        assert!(run.ok, "{}", run.stderr);
+        return;
+    }
+    let line = run.failure_line();
+    assert!(line.contains("nccl backend is unavailable"), "{line}");
+
+    let run = common::lens_with_env(
+        &[
+            "demo",
+            "--backend",
+            "nccl",
+            "--rank",
+            "0",
+            "--world",
+            "1",
+            "--addr",
+            "127.0.0.1:0",
+            "--device",
+            "3",
+            "--timeout",
+            "2",
+        ],
+        &[("LENS_TCP_KEY", "0123456789abcdef0123456789abcdef")],
+        DEADLINE,
+    );
+    let line = run.failure_line();
+    assert!(
+        line.contains("rank 0 (GPU 3)") && line.contains("nccl backend is unavailable"),
+        "{line}"
+    );
 }

@@ -31,7 +31,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     match (args.backend, args.rank) {
         (BackendArg::Local, None) => run_local(args, timeout),
         (BackendArg::Local, Some(_)) => {
-            Err("--rank runs one rank of a multi-process job: add --backend tcp".into())
+            Err("--rank runs one rank of a multi-process job: add --backend tcp (or nccl)".into())
         }
         #[cfg(feature = "tcp")]
         (BackendArg::Tcp, rank) => super::tcp::demo(args, rank, timeout),
@@ -39,10 +39,13 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         (BackendArg::Mpi, None) => super::mpi::demo(args, timeout),
         #[cfg(feature = "mpi")]
         (BackendArg::Mpi, Some(_)) => Err("with --backend mpi the rank comes from mpirun".into()),
-        #[cfg(feature = "nccl")]
-        (BackendArg::Nccl, _) => {
-            Err("the nccl backend has a bench (lens bench --backend nccl), no demo yet".into())
-        }
+        #[cfg(all(feature = "nccl", feature = "tcp"))]
+        (BackendArg::Nccl, rank) => super::tcp::demo(args, rank, timeout),
+        #[cfg(all(feature = "nccl", not(feature = "tcp")))]
+        (BackendArg::Nccl, _) => Err(
+            "the nccl demo bootstraps its ranks over TCP: build lens with the tcp and nccl features"
+                .into(),
+        ),
     }
 }
 

@@ -49,7 +49,8 @@ pub enum BackendArg {
     /// MPI: run under mpirun, one rank per process (the group is MPI_COMM_WORLD).
     #[cfg(feature = "mpi")]
     Mpi,
-    /// NCCL on every local GPU, one rank per GPU (bench only).
+    /// NCCL, one rank per GPU: N processes on this machine (bootstrapped over loopback TCP),
+    /// or one rank of a real job with --rank; the bench uses every local GPU.
     #[cfg(feature = "nccl")]
     Nccl,
 }
@@ -94,8 +95,8 @@ pub struct DemoArgs {
     /// Print no terminal view, only the verdict.
     #[arg(long)]
     quiet: bool,
-    /// Run only this rank of a multi-process job (with --backend tcp, --world, --addr; the
-    /// key comes from LENS_TCP_KEY).
+    /// Run only this rank of a multi-process job (with --backend tcp or nccl, --world,
+    /// --addr; the key comes from LENS_TCP_KEY).
     #[arg(long)]
     rank: Option<u32>,
     /// Number of ranks of the multi-process job (with --rank).
@@ -107,6 +108,9 @@ pub struct DemoArgs {
     /// How long ranks wait for the whole group to join, in seconds (with --rank).
     #[arg(long, default_value_t = 60.0)]
     join_timeout: f64,
+    /// GPU of this rank with --backend nccl and --rank (default: LOCAL_RANK, else 0).
+    #[arg(long)]
+    device: Option<u32>,
     /// Print this rank's spans as JSON lines (used when `lens demo` starts the ranks).
     #[arg(long, hide = true)]
     emit_spans: bool,

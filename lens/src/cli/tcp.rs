@@ -1,5 +1,6 @@
 //! The TCP backend in the `lens` program: a demo over N processes and the bench against a
-//! raw ZeroMQ ROUTER/DEALER exchange.
+//! raw ZeroMQ ROUTER/DEALER exchange. The NCCL demo runs here too: its ranks meet over TCP,
+//! which then carries the NCCL id (`NcclBroadcaster::bootstrap`).
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::process::{Child, Command, Stdio};
@@ -9,6 +10,8 @@ use lens::tcp::{TcpBroadcaster, TcpConfig};
 use lens::{Carrier, blocking};
 use opentelemetry::Context;
 
+#[cfg(feature = "nccl")]
+use super::BackendArg;
 use super::bench::{BLOCKS, WARMUP, print_header, print_pair, samples_from_ends, source_context};
 use super::demo::{STAGE_SPAN, STEP_SPAN, finish, parent_of, run_one_rank};
 use super::record::{Job, SPAN_LINE, SpanRecord};
@@ -24,7 +27,19 @@ pub fn demo(args: &DemoArgs, rank: Option<u32>, timeout: Duration) -> Result<(),
     }
     match rank {
         Some(r) => one_rank(args, r as usize, timeout),
-        None => spawn(args, timeout),
+        None => {
+            #[cfg(feature = "nccl")]
+            if args.backend == BackendArg::Nccl {
+                let found = lens::nccl::probe().map_err(|e| e.to_string())?;
+                if args.ranks as usize > found.devices {
+                    return Err(format!(
+                        "--ranks {} needs {} GPUs; this machine has {} (NCCL refuses two ranks on one GPU)",
+                        args.ranks, args.ranks, found.devices
+                    ));
+                }
+            }
+            spawn(args, timeout)
+        }
     }
 }
 
@@ -59,7 +74,7 @@ fn one_rank(args: &DemoArgs, rank: usize, timeout: Duration) -> Result<(), Strin
         .map_err(|e| e.to_string())?;
     let group = TcpBroadcaster::connect(config).map_err(|e| format!("rank {rank}: {e}"))?;
     let steps = args.steps as usize;
-    let (outcome, spans) = run_one_rank(&group, args)?;
+    let (outcome, spans) = run_rank_over(&group, args, rank, timeout)?;
     if args.emit_spans {
         for s in &spans {
             println!("{SPAN_LINE}{}", s.to_json());
@@ -70,6 +85,42 @@ fn one_rank(args: &DemoArgs, rank: usize, timeout: Duration) -> Result<(), Strin
         println!("{}", verify_rank(rank, &spans, steps, args)?);
     }
     Ok(())
+}
+
+/// The demo on this rank over `group`, or (with `--backend nccl`) over the NCCL group that
+/// `group` bootstraps.
+#[cfg(feature = "nccl")]
+fn run_rank_over(
+    group: &TcpBroadcaster,
+    args: &DemoArgs,
+    rank: usize,
+    timeout: Duration,
+) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
+    use lens::nccl::{NcclBroadcaster, NcclOptions};
+    if args.backend != BackendArg::Nccl {
+        return run_one_rank(group, args);
+    }
+    let device = match args.device {
+        Some(d) => d as usize,
+        None => lens::RankInfo::from_env()
+            .ok()
+            .and_then(|i| i.local_rank)
+            .unwrap_or(0),
+    };
+    let opts = NcclOptions::default().timeout(timeout);
+    let gpu = futures::executor::block_on(NcclBroadcaster::bootstrap_with(group, device, &opts))
+        .map_err(|e| format!("rank {rank} (GPU {device}): {e}"))?;
+    run_one_rank(&gpu, args)
+}
+
+#[cfg(not(feature = "nccl"))]
+fn run_rank_over(
+    group: &TcpBroadcaster,
+    args: &DemoArgs,
+    _rank: usize,
+    _timeout: Duration,
+) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
+    run_one_rank(group, args)
 }
 
 /// What one rank can check alone: its spans link to rank 0's step span (and are its
@@ -122,10 +173,12 @@ impl Drop for Children {
     }
 }
 
-/// `--ranks N`: N processes of this program on 127.0.0.1, one rank each.
+/// `--ranks N`: N processes of this program on 127.0.0.1, one rank each (with nccl, rank r
+/// on GPU r).
 fn spawn(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
     let n = args.ranks as usize;
     let steps = args.steps as usize;
+    let backend = args.backend.name();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free loopback port: {e}"))?
@@ -140,7 +193,8 @@ fn spawn(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
     let mut readers = Vec::with_capacity(n);
     for rank in 0..n {
         let mut child = Command::new(&exe)
-            .args(["demo", "--backend", "tcp", "--emit-spans", "--quiet"])
+            .args(["demo", "--backend", backend, "--emit-spans", "--quiet"])
+            .args(["--device", &rank.to_string()])
             .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
             .args([
                 "--addr",
@@ -217,7 +271,7 @@ fn spawn(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
             job.failures.push((rank, reason, timeout));
         }
     }
-    finish(&job, args, "tcp", steps)
+    finish(&job, args, backend, steps)
 }
 
 /// `lens bench --backend tcp`: per group size, a raw ZeroMQ fan-out of the carrier's bytes
