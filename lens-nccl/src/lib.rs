@@ -69,14 +69,42 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of an NCCL unique id.
 pub const ID_LEN: usize = 128;
 
+/// An NCCL call's result code, kept as the source of the [`Error::Transport`] it caused.
+///
+/// ```
+/// # fn check(e: &lens_core::Error) {
+/// use std::error::Error as _;
+/// if let Some(nccl) = e.source().and_then(|s| s.downcast_ref::<lens_nccl::NcclResult>()) {
+///     eprintln!("NCCL said {} ({})", nccl.name, nccl.code);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NcclResult {
+    /// The `ncclResult_t` value.
+    pub code: i32,
+    /// Its name, such as `ncclRemoteError`.
+    pub name: String,
+}
+
+impl std::fmt::Display for NcclResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NCCL result {} (code {})", self.name, self.code)
+    }
+}
+
+impl std::error::Error for NcclResult {}
+
 fn nccl_err(what: &str, e: cudarc::nccl::result::NcclError) -> Error {
+    let result = NcclResult {
+        code: e.0 as i32,
+        name: format!("{:?}", e.0),
+    };
     Error::Transport {
         backend: BACKEND,
-        message: format!(
-            "{what} failed with NCCL result {:?} (code {})",
-            e.0, e.0 as i32
-        ),
-        source: None,
+        message: format!("{what} failed with {result}"),
+        source: Some(Box::new(result)),
     }
 }
 
@@ -84,7 +112,7 @@ fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     Error::Transport {
         backend: BACKEND,
         message: format!("{what} failed with CUDA error {:?}", e.0),
-        source: None,
+        source: Some(Box::new(e)),
     }
 }
 
@@ -704,6 +732,22 @@ mod tests {
             blocking::broadcast(&ranks[1], 0, None),
             Err(Error::Closed { .. })
         ));
+    }
+
+    #[test]
+    fn nccl_failures_keep_their_result_code() {
+        use cudarc::nccl::sys::ncclResult_t;
+        use std::error::Error as _;
+        let e = nccl_err(
+            "ncclBroadcast",
+            cudarc::nccl::result::NcclError(ncclResult_t::ncclInternalError),
+        );
+        assert!(e.to_string().contains("ncclInternalError (code 3)"), "{e}");
+        let kept = e
+            .source()
+            .and_then(|s| s.downcast_ref::<NcclResult>())
+            .expect("the NCCL result is the source");
+        assert_eq!(kept.code, 3);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`Faulty`]: fault injection (a slow rank, a corrupted payload); [`ClusterBuilder::absent`]
 //!   for a rank that never joins.
 //! - [`conformance`]: the suite every backend runs.
+//! - [`fake_gpu`]: a fake CUDA driver and NCCL, for the NCCL backend's tests without a GPU.
 #![warn(missing_docs)]
 #![cfg_attr(
     not(test),
@@ -15,6 +16,7 @@
 
 mod cluster;
 pub mod conformance;
+pub mod fake_gpu;
 mod fault;
 mod local;
 

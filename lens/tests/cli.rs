@@ -218,3 +218,43 @@ fn nccl_demo_runs_or_says_why_not() {
         "{line}"
     );
 }
+
+/// The NCCL bench and demo on the testkit's fake CUDA driver and NCCL (two fake GPUs): the
+/// whole program path runs without a GPU. The fake's NCCL groups live inside one process,
+/// so the demo runs one rank here; its multi-process form needs real GPUs (gpu-check.sh).
+#[cfg(all(feature = "nccl", feature = "tcp"))]
+#[test]
+fn nccl_bench_and_demo_on_a_fake_gpu() {
+    let fake = lens::testkit::fake_gpu::FakeGpu::build(2).expect("build the fake (needs cc)");
+    let path = fake.ld_library_path();
+    let env = [
+        ("LD_LIBRARY_PATH", path.to_str().expect("UTF-8 temp dir")),
+        (lens::testkit::fake_gpu::DEVICES_VAR, "2"),
+    ];
+    let run = common::lens_with_env(
+        &["bench", "--backend", "nccl", "--iters", "30", "--json"],
+        &env,
+        DEADLINE,
+    );
+    run.bench_lines("nccl", &[(2, "raw"), (2, "lens")], 30);
+
+    let run = common::lens_with_env(
+        &["demo", "--backend", "nccl", "--ranks", "1", "--steps", "2"],
+        &env,
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("ok: 1 rank(s), 2 step(s)"),
+        "{}",
+        run.stdout
+    );
+
+    let run = common::lens_with_env(
+        &["demo", "--backend", "nccl", "--ranks", "3"],
+        &env,
+        DEADLINE,
+    );
+    let line = run.failure_line();
+    assert!(line.contains("needs 3 GPUs; this machine has 2"), "{line}");
+}

@@ -1,0 +1,180 @@
+//! The NCCL backend's real code path (probe, cudarc, device slab, events, abort, bench) on the
+//! testkit's fake CUDA driver and NCCL. The loader reads `LD_LIBRARY_PATH` at start-up, so
+//! the parent test builds the fake and runs this test binary again with it; the `in_fake_*`
+//! tests are that child's work and are ignored when run on their own.
+#![allow(clippy::print_stdout)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lens_core::{Broadcaster, Error, blocking};
+use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
+use lens_testkit::LocalCluster;
+use lens_testkit::conformance::{Options, pattern, run_rank};
+use lens_testkit::fake_gpu::{DEVICES_VAR, FakeGpu, NCCL_VERSION};
+
+#[test]
+fn fake_gpu_driver() {
+    let fake = FakeGpu::build(2).expect("build the fake CUDA/NCCL (needs a C compiler)");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new(exe);
+    fake.apply(&mut cmd)
+        .args(["--ignored", "--test-threads=1", "--nocapture", "in_fake_"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the child");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the fake-GPU child ran past its 120 s deadline");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "child failed:\n{stdout}\n{stderr}");
+    // Every child test ran (none filtered away by a rename).
+    assert!(
+        stdout.contains("test result: ok. 5 passed"),
+        "expected the 5 in_fake_ tests to pass:\n{stdout}"
+    );
+}
+
+fn in_child() {
+    assert!(
+        std::env::var_os(DEVICES_VAR).is_some(),
+        "run by fake_gpu_driver, not on its own"
+    );
+}
+
+/// A group of `n` ranks (threads) bootstrapped over the local backend, rank r on GPU r.
+fn group(n: usize, opts: &NcclOptions) -> Vec<NcclBroadcaster> {
+    let ranks = LocalCluster::new(n).broadcasters();
+    std::thread::scope(|s| {
+        let h: Vec<_> = ranks
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    futures::executor::block_on(NcclBroadcaster::bootstrap_with(b, b.rank(), opts))
+                })
+            })
+            .collect();
+        h.into_iter()
+            .map(|h| h.join().expect("rank thread").expect("bootstrap"))
+            .collect()
+    })
+}
+
+fn on_each<T: Send>(ranks: &[NcclBroadcaster], f: impl Fn(&NcclBroadcaster) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let h: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
+        h.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_probe_finds_the_fake() {
+    in_child();
+    let p = probe().expect("probe");
+    assert_eq!((p.devices, p.nccl_version), (2, NCCL_VERSION), "{p:?}");
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_two_gpus_pass_conformance() {
+    in_child();
+    for slab in [lens_nccl::DEFAULT_SLAB, lens_nccl::HEADER + 1] {
+        let ranks = group(2, &NcclOptions::default().slab_size(slab));
+        let got = on_each(&ranks, |b| {
+            futures::executor::block_on(run_rank(b, &Options::default().rounds(300)))
+        });
+        for r in got {
+            if let Err(f) = r {
+                panic!("slab {slab}: {f}");
+            }
+        }
+        // The raw baseline moves the same bytes.
+        let want = pattern(9, 1, 700);
+        let got = on_each(&ranks, |b| {
+            b.raw_broadcast(1, (b.rank() == 1).then_some(&want[..]), want.len())
+        });
+        for g in got {
+            assert_eq!(g.expect("raw"), want);
+        }
+    }
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_missing_rank_times_out_aborts_and_closes() {
+    in_child();
+    let timeout = Duration::from_millis(300);
+    let ranks = group(2, &NcclOptions::default().timeout(timeout));
+    let t = Instant::now();
+    let r = blocking::broadcast(&ranks[0], 0, Some(b"ctx"));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        t.elapsed() >= timeout && t.elapsed() < 10 * timeout,
+        "{:?}",
+        t.elapsed()
+    );
+    match blocking::broadcast(&ranks[0], 0, Some(b"ctx")) {
+        Err(Error::Closed { reason, .. }) => assert!(reason.contains("timed out"), "{reason}"),
+        other => panic!("expected Closed after the abort, got {other:?}"),
+    }
+    // Dropping the aborted rank and the idle one neither hangs nor panics.
+    drop(ranks);
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_init_without_the_peers_times_out() {
+    in_child();
+    // World of 2 but only rank 0 ever joins NCCL: its init must give up at the deadline.
+    let two = LocalCluster::new(2).broadcasters();
+    let opts = NcclOptions::default().init_timeout(Duration::from_millis(500));
+    let t = Instant::now();
+    let got = std::thread::scope(|s| {
+        let root = s.spawn(|| {
+            futures::executor::block_on(NcclBroadcaster::bootstrap_with(&two[0], 0, &opts))
+        });
+        // Rank 1 takes the id but never initialises NCCL.
+        let id = futures::executor::block_on(lens_nccl::exchange_id(&two[1], || {
+            unreachable!("rank 1 does not make the id")
+        }));
+        assert!(id.is_ok(), "{id:?}");
+        root.join().expect("rank 0")
+    });
+    assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_bench_runs_on_every_gpu() {
+    in_child();
+    let figures =
+        lens_nccl::bench::run(50, &lens_testkit::conformance::sample_context()).expect("bench");
+    assert_eq!(figures.len(), 2);
+    for f in &figures {
+        assert_eq!((f.ranks, f.samples_us.len()), (2, 50), "{}", f.op);
+        assert!(
+            f.bytes > 0 && f.samples_us.iter().all(|s| *s > 0.0),
+            "{f:?}"
+        );
+    }
+    // A device that does not exist is an error, not a panic.
+    let one = LocalCluster::new(1).broadcasters();
+    let r = futures::executor::block_on(NcclBroadcaster::bootstrap(&one[0], 5));
+    assert!(r.is_err(), "device 5 of 2 must fail");
+}

@@ -1,0 +1,124 @@
+//! A fake CUDA driver and NCCL, so that the NCCL backend's real code path (cudarc, the device
+//! slab, events, aborts) runs in tests on machines without a GPU.
+//!
+//! [`FakeGpu::build`] compiles one small C library with the system compiler and links it as
+//! `libcuda.so` and `libnccl.so`. A process started with [`FakeGpu::ld_library_path`] as its
+//! `LD_LIBRARY_PATH` (the loader reads it at start-up, so it must be a new process) sees
+//! [`FakeGpu::devices`] GPUs. Device memory is host memory and an NCCL group lives inside one
+//! process (its ranks are threads, or one rank per process for a group of one); a broadcast
+//! completes only once every rank has queued it, so deadlines and aborts behave as on a GPU.
+//! It checks a little of what real NCCL needs: a current device for `ncclCommInitRank`, and
+//! the stream's device current at `ncclBroadcast`.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The C source of the fake libraries.
+pub const SOURCE: &str = include_str!("fake_gpu.c");
+
+/// Environment variable with the number of fake devices (default 2).
+pub const DEVICES_VAR: &str = "LENS_FAKE_GPU_DEVICES";
+
+/// NCCL version code the fake reports.
+pub const NCCL_VERSION: i32 = 22800;
+
+/// Fake `libcuda.so` and `libnccl.so` in a directory of their own, removed on drop.
+#[derive(Debug)]
+pub struct FakeGpu {
+    dir: PathBuf,
+    devices: usize,
+}
+
+fn other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl FakeGpu {
+    /// Builds the fake libraries in a new directory under the system temporary directory,
+    /// for `devices` GPUs. Needs a C compiler (`$CC`, else `cc`); gives up after 60 s.
+    ///
+    /// # Errors
+    /// When the directory cannot be made or the compiler is missing or fails.
+    pub fn build(devices: usize) -> io::Result<Self> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("lens-fake-gpu-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let fake = FakeGpu { dir, devices };
+        let src = fake.dir.join("fake_gpu.c");
+        std::fs::write(&src, SOURCE)?;
+        let lib = fake.dir.join("libfakegpu.so");
+        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+        let mut child = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .arg("-lpthread")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| other(format!("cannot run the C compiler {cc:?}: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(other(format!("{cc:?} ran for over 60 s")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !status.success() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = io::Read::read_to_string(&mut e, &mut err);
+            }
+            return Err(other(format!("{cc:?} failed ({status}): {err}")));
+        }
+        // cudarc looks for libcuda.so and libnccl.so; probes may try the versioned names.
+        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+            std::os::unix::fs::symlink("libfakegpu.so", fake.dir.join(name))?;
+        }
+        Ok(fake)
+    }
+
+    /// The directory holding the fake libraries.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of fake devices a process started with [`FakeGpu::apply`] sees.
+    pub fn devices(&self) -> usize {
+        self.devices
+    }
+
+    /// `LD_LIBRARY_PATH` for a child process: the fake first, then the current value.
+    pub fn ld_library_path(&self) -> OsString {
+        let mut v = OsString::from(&self.dir);
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+            v.push(":");
+            v.push(old);
+        }
+        v
+    }
+
+    /// Sets up `cmd` to see the fake: `LD_LIBRARY_PATH` and the device count.
+    pub fn apply<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
+        cmd.env("LD_LIBRARY_PATH", self.ld_library_path())
+            .env(DEVICES_VAR, self.devices.to_string())
+    }
+}
+
+impl Drop for FakeGpu {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
