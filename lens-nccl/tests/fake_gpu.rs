@@ -7,8 +7,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lens_core::{Broadcaster, Error, blocking};
+use std::sync::Arc;
+
+use lens_core::{Broadcaster, Error, Hierarchical, NodeLayout, blocking};
 use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
+use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::LocalCluster;
 use lens_testkit::conformance::{Options, pattern, run_rank};
 use lens_testkit::fake_gpu::{DEVICES_VAR, FakeGpu, NCCL_VERSION};
@@ -42,8 +45,8 @@ fn fake_gpu_driver() {
     assert!(status.success(), "child failed:\n{stdout}\n{stderr}");
     // Every child test ran (none filtered away by a rename).
     assert!(
-        stdout.contains("test result: ok. 5 passed"),
-        "expected the 5 in_fake_ tests to pass:\n{stdout}"
+        stdout.contains("test result: ok. 6 passed"),
+        "expected the 6 in_fake_ tests to pass:\n{stdout}"
     );
 }
 
@@ -177,4 +180,69 @@ fn in_fake_bench_runs_on_every_gpu() {
     let one = LocalCluster::new(1).broadcasters();
     let r = futures::executor::block_on(NcclBroadcaster::bootstrap(&one[0], 5));
     assert!(r.is_err(), "device 5 of 2 must fail");
+}
+
+/// Two TCP ranks on loopback (the node leaders).
+fn tcp_pair() -> Vec<TcpBroadcaster> {
+    let cfg = |rank: usize, addr: &str| {
+        TcpConfig::builder()
+            .rank(rank)
+            .world_size(2)
+            .addr(addr)
+            .key("fake-gpu-test-key-0123456789")
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("config")
+    };
+    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("rank 0");
+    let addr = hub.local_addr().expect("address").to_string();
+    let other = TcpBroadcaster::start(cfg(1, &addr)).expect("rank 1");
+    std::thread::scope(|s| {
+        let a = s.spawn(move || hub.finish());
+        let b = s.spawn(move || other.finish());
+        vec![
+            a.join().expect("rank 0").expect("join"),
+            b.join().expect("rank 1").expect("join"),
+        ]
+    })
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_hierarchical_nccl_nodes_with_tcp_leaders() {
+    in_child();
+    // Two nodes of two GPUs: NCCL inside each node, TCP between the node leaders.
+    let layout = NodeLayout::uniform(4, 2).expect("layout");
+    let mut leaders = tcp_pair().into_iter();
+    let mut ranks: Vec<Arc<dyn Broadcaster>> = Vec::new();
+    for node in 0..2 {
+        let mut leader = leaders.next();
+        for local in group(2, &NcclOptions::default()) {
+            let lead = if local.rank() == 0 {
+                leader.take()
+            } else {
+                None
+            };
+            let h = Hierarchical::new(layout.clone(), node, local, lead).expect("hierarchical");
+            ranks.push(Arc::new(h));
+        }
+    }
+    let got = std::thread::scope(|s| {
+        let h: Vec<_> = ranks
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    futures::executor::block_on(run_rank(&**b, &Options::default().rounds(200)))
+                })
+            })
+            .collect();
+        h.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect::<Vec<_>>()
+    });
+    for (rank, r) in got.into_iter().enumerate() {
+        if let Err(f) = r {
+            panic!("rank {rank}: {f}");
+        }
+    }
 }
