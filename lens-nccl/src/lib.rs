@@ -565,7 +565,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use lens_core::blocking;
-    use lens_testkit::conformance::{Options, pattern, run_rank};
+    use lens_testkit::conformance::{Options, pattern, run_threads};
 
     use super::*;
     use crate::sim::{SimFault, SimGpu, SimLog, SimWorld};
@@ -621,13 +621,8 @@ mod tests {
         ];
         for (why, slab, n) in rows {
             let (ranks, logs) = group(&vec![slab; n], &[], Duration::from_secs(20));
-            let got = on_each(&ranks, |b| {
-                futures::executor::block_on(run_rank(b, &Options::default().rounds(200)))
-            });
-            for r in got {
-                if let Err(f) = r {
-                    panic!("{why}: {f}");
-                }
+            if let Err(f) = run_threads(&ranks, &Options::default().rounds(200)) {
+                panic!("{why}: {f:#?}");
             }
             assert!(!logs.iter().any(aborted), "{why}: nothing may abort");
         }

@@ -13,7 +13,7 @@ use lens_core::{Broadcaster, Error, Hierarchical, NodeLayout, blocking};
 use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::LocalCluster;
-use lens_testkit::conformance::{Options, pattern, run_rank};
+use lens_testkit::conformance::{Options, pattern, run_threads};
 use lens_testkit::fake_gpu::{DEVICES_VAR, FakeGpu, NCCL_VERSION};
 
 #[test]
@@ -98,13 +98,8 @@ fn in_fake_two_gpus_pass_conformance() {
     in_child();
     for slab in [lens_nccl::DEFAULT_SLAB, lens_nccl::HEADER + 1] {
         let ranks = group(2, &NcclOptions::default().slab_size(slab));
-        let got = on_each(&ranks, |b| {
-            futures::executor::block_on(run_rank(b, &Options::default().rounds(300)))
-        });
-        for r in got {
-            if let Err(f) = r {
-                panic!("slab {slab}: {f}");
-            }
+        if let Err(f) = run_threads(&ranks, &Options::default().rounds(300)) {
+            panic!("slab {slab}: {f:#?}");
         }
         // The raw baseline moves the same bytes.
         let want = pattern(9, 1, 700);
@@ -227,22 +222,7 @@ fn in_fake_hierarchical_nccl_nodes_with_tcp_leaders() {
             ranks.push(Arc::new(h));
         }
     }
-    let got = std::thread::scope(|s| {
-        let h: Vec<_> = ranks
-            .iter()
-            .map(|b| {
-                s.spawn(move || {
-                    futures::executor::block_on(run_rank(&**b, &Options::default().rounds(200)))
-                })
-            })
-            .collect();
-        h.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect::<Vec<_>>()
-    });
-    for (rank, r) in got.into_iter().enumerate() {
-        if let Err(f) = r {
-            panic!("rank {rank}: {f}");
-        }
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(200)) {
+        panic!("{f:#?}");
     }
 }

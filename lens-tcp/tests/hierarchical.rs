@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lens_core::{Broadcaster, Hierarchical, NodeLayout};
 use lens_testkit::LocalCluster;
-use lens_testkit::conformance::{Options, run_rank};
+use lens_testkit::conformance::{Options, run_threads};
 
 #[test]
 fn tcp_leaders_and_local_nodes_pass_conformance() {
@@ -36,23 +36,7 @@ fn tcp_leaders_and_local_nodes_pass_conformance() {
         .into_iter()
         .map(|r| r.expect("every rank placed"))
         .collect();
-    let results = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|b| {
-                s.spawn(move || {
-                    futures::executor::block_on(run_rank(&**b, &Options::default().rounds(300)))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect::<Vec<_>>()
-    });
-    for (rank, r) in results.into_iter().enumerate() {
-        if let Err(e) = r {
-            panic!("rank {rank}: {e}");
-        }
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(300)) {
+        panic!("{f:#?}");
     }
 }

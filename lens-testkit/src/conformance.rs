@@ -245,6 +245,38 @@ pub async fn run_rank(b: &dyn Broadcaster, opts: &Options) -> Result<(), Failure
     Ok(())
 }
 
+/// Runs [`run_rank`] on every rank at once, one thread per rank: for backends whose
+/// `broadcast` blocks its thread until the round is done (TCP, NCCL). [`run_group`] polls
+/// every rank from one thread and suits only backends that never block.
+///
+/// # Errors
+/// Every failure, one per failing rank (a rank whose thread panicked included).
+pub fn run_threads<B: Broadcaster>(ranks: &[B], opts: &Options) -> Result<(), Vec<Failure>> {
+    let failures: Vec<Failure> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|b| s.spawn(move || futures::executor::block_on(run_rank(b, opts))))
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, h)| match h.join() {
+                Ok(r) => r.err(),
+                Err(_) => Some(Failure {
+                    case: "thread",
+                    rank,
+                    detail: "the rank's thread panicked".into(),
+                }),
+            })
+            .collect()
+    });
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures)
+    }
+}
+
 /// Runs [`run_rank`] on every rank of an in-process group at once.
 ///
 /// # Errors

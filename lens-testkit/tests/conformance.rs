@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use lens_core::{Broadcaster, NodeLayout};
-use lens_testkit::LocalCluster;
-use lens_testkit::conformance::{Options, run_group};
+use lens_testkit::conformance::{Options, run_group, run_threads};
+use lens_testkit::{Corruption, Fault, Faulty, LocalCluster};
 
 fn as_dyn<B: Broadcaster + 'static>(v: Vec<B>) -> Vec<Arc<dyn Broadcaster>> {
     v.into_iter()
@@ -96,4 +96,39 @@ fn hierarchical_rejects_mismatched_groups() {
     assert!(NodeLayout::new(vec![vec![0, 2]]).is_err());
     assert!(NodeLayout::new(vec![vec![0], vec![]]).is_err());
     assert!(NodeLayout::uniform(0, 1).is_err());
+}
+
+#[test]
+fn run_threads_passes_a_sound_group_and_names_a_broken_rank() {
+    let sound = LocalCluster::new(3).broadcasters();
+    if let Err(f) = run_threads(&sound, &Options::default().rounds(100)) {
+        panic!("a sound local group must pass: {f:#?}");
+    }
+    // Rank 1 damages every payload it receives: it reports the damage and stops, and the
+    // others time out waiting for it in the next round, naming it.
+    let ranks: Vec<_> = LocalCluster::new(3)
+        .timeout(std::time::Duration::from_millis(300))
+        .broadcasters()
+        .into_iter()
+        .map(|b| {
+            let faults = if b.rank() == 1 {
+                vec![Fault::Corrupt(Corruption::FlipFirstByte)]
+            } else {
+                Vec::new()
+            };
+            Faulty::new(b, faults)
+        })
+        .collect();
+    let failures = run_threads(&ranks, &Options::default().rounds(10)).expect_err("rank 1 fails");
+    let by_rank = |r: usize| {
+        failures
+            .iter()
+            .find(|f| f.rank == r)
+            .map(|f| f.detail.clone())
+            .unwrap_or_default()
+    };
+    assert!(by_rank(1).contains("different content"), "{failures:#?}");
+    for r in [0, 2] {
+        assert!(by_rank(r).contains("[1]"), "rank {r}: {failures:#?}");
+    }
 }

@@ -169,12 +169,7 @@ fn nccl_bench_runs_or_says_why_not() {
         &["bench", "--backend", "nccl", "--iters", "5", "--json"],
         DEADLINE,
     );
-    if lens::nccl::probe().is_ok() {
-        assert!(run.ok, "{}", run.stderr);
-        return;
-    }
-    let line = run.failure_line();
-    assert!(line.contains("nccl backend is unavailable"), "{line}");
+    run.ran_or_unavailable(lens::nccl::probe().is_ok(), "nccl");
 }
 
 /// The NCCL demo (ranks bootstrapped over TCP) fails in one line without CUDA, before any
@@ -186,12 +181,9 @@ fn nccl_demo_runs_or_says_why_not() {
         &["demo", "--backend", "nccl", "--ranks", "1", "--quiet"],
         DEADLINE,
     );
-    if lens::nccl::probe().is_ok() {
-        assert!(run.ok, "{}", run.stderr);
+    if run.ran_or_unavailable(lens::nccl::probe().is_ok(), "nccl") {
         return;
     }
-    let line = run.failure_line();
-    assert!(line.contains("nccl backend is unavailable"), "{line}");
 
     let run = common::lens_with_env(
         &[

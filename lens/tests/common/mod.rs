@@ -65,6 +65,19 @@ impl Run {
         line
     }
 
+    /// Where the backend is `available`, asserts the run succeeded; elsewhere, that it failed
+    /// in one line saying `backend` is unavailable. Returns `available`.
+    pub fn ran_or_unavailable(&self, available: bool, backend: &str) -> bool {
+        if available {
+            assert!(self.ok, "{}", self.stderr);
+        } else {
+            let line = self.failure_line();
+            let want = format!("{backend} backend is unavailable");
+            assert!(line.contains(&want), "{line}");
+        }
+        available
+    }
+
     /// Asserts the run succeeded and printed `lens bench --json` lines for `backend`, one
     /// per `(ranks, op)` in order, each with `iters` rounds and sane timings; returns them.
     pub fn bench_lines(
