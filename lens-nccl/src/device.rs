@@ -2,10 +2,12 @@
 //! ([`Cuda`]), an in-process simulation in this crate's tests, so that the slab protocol, the
 //! deadline and the abort are exercised on machines without a GPU.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys::CUevent_flags};
-use cudarc::nccl::Comm;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut, sys::CUevent_flags};
+use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
+use cudarc::nccl::{Comm, result as nccl};
 use lens_core::{Error, Result};
 
 use crate::probe::{BACKEND, guarded};
@@ -37,23 +39,36 @@ pub(crate) trait Device: Send {
     fn abort(&mut self);
 }
 
-/// The communicator, unless it was aborted.
-fn live(comm: Option<&Comm>) -> Result<&Comm> {
-    comm.ok_or_else(|| Error::Closed {
-        backend: BACKEND,
-        reason: "the communicator was aborted".into(),
-    })
+/// How this rank holds its communicator.
+pub(crate) enum Handle {
+    /// lens owns it: aborted (by cudarc's drop) after a failed round and on drop.
+    Owned(Comm),
+    /// Shared with the application, which keeps its own `Arc`: lens never aborts it while
+    /// the application holds it (the last owner's drop does, as cudarc's `Comm` does).
+    Shared(Arc<Comm>),
+    /// The application's raw handle: lens never aborts or destroys it.
+    Raw(ncclComm_t),
+}
+
+/// Drops a cudarc communicator (which aborts it when it is the last owner) without letting
+/// cudarc's panic on a failed abort through.
+fn release(what: Handle) {
+    if guarded("ncclCommAbort", move || drop(what)).is_err() {
+        tracing::warn!("ncclCommAbort failed");
+    }
 }
 
 /// A GPU through cudarc: a communicator, its stream, the slab, the spill buffer and one
 /// event re-recorded after each broadcast.
 pub(crate) struct Cuda {
-    // Declared first so it is dropped (aborted) before the buffers its kernels use.
-    comm: Option<Comm>,
+    comm: Option<Handle>,
     stream: Arc<CudaStream>,
     event: CudaEvent,
-    slab: CudaSlice<u8>,
-    spill: Option<CudaSlice<u8>>,
+    // Leaked instead of freed when a kernel may still write to them: after a failed round on
+    // a communicator lens may not abort.
+    slab: ManuallyDrop<CudaSlice<u8>>,
+    spill: ManuallyDrop<Option<CudaSlice<u8>>>,
+    leak_buffers: bool,
 }
 
 // SAFETY: an NCCL communicator and the CUDA objects may be used from any thread as long as
@@ -61,9 +76,8 @@ pub(crate) struct Cuda {
 unsafe impl Send for Cuda {}
 
 impl Cuda {
-    /// Allocates a zeroed slab of `slab_size` bytes on `comm`'s stream.
-    pub(crate) fn new(comm: Comm, slab_size: usize) -> Result<Self> {
-        let stream = comm.stream();
+    /// Allocates a zeroed slab of `slab_size` bytes on `stream`, the stream `comm` works on.
+    pub(crate) fn new(comm: Handle, stream: Arc<CudaStream>, slab_size: usize) -> Result<Self> {
         let slab = guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(slab_size))?
             .map_err(|e| cuda_err("allocating the device slab", e))?;
         let event = guarded("cuEventCreate", || {
@@ -76,8 +90,9 @@ impl Cuda {
             comm: Some(comm),
             stream,
             event,
-            slab,
-            spill: None,
+            slab: ManuallyDrop::new(slab),
+            spill: ManuallyDrop::new(None),
+            leak_buffers: false,
         })
     }
 }
@@ -109,7 +124,7 @@ impl Device for Cuda {
         let stream = &self.stream;
         let spill = guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(len.max(1)))?
             .map_err(|e| cuda_err("allocating the spill buffer", e))?;
-        self.spill = Some(spill);
+        *self.spill = Some(spill);
         Ok(())
     }
 
@@ -124,18 +139,41 @@ impl Device for Cuda {
     fn broadcast(&mut self, buf: Buf, len: usize, root: usize) -> Result<()> {
         let root =
             i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
+        let stream = &self.stream;
         let dst = pick(&mut self.slab, &mut self.spill, buf)?;
-        let comm = live(self.comm.as_ref())?;
-        // NCCL launches on the thread's current device: a non-root rank reaches this call
-        // without any cudarc call having bound the context on this thread.
-        let ctx = self.stream.context();
+        let comm = self.comm.as_ref().ok_or_else(|| Error::Closed {
+            backend: BACKEND,
+            reason: "the communicator was aborted".into(),
+        })?;
+        // NCCL launches on the thread's current device: a non-root rank may reach this call
+        // without any other CUDA call on this thread.
+        let ctx = stream.context();
         guarded("cuCtxSetCurrent", || ctx.bind_to_thread())?
             .map_err(|e| cuda_err("binding the CUDA context", e))?;
-        guarded("ncclBroadcast", || {
-            comm.broadcast_in_place(&mut dst.slice_mut(..len), root)
+        let mut view = dst.slice_mut(..len);
+        guarded("ncclBroadcast", || match comm {
+            Handle::Owned(c) => c.broadcast_in_place(&mut view, root),
+            Handle::Shared(c) => c.broadcast_in_place(&mut view, root),
+            Handle::Raw(raw) => {
+                let (ptr, _record) = view.device_ptr_mut(stream);
+                // SAFETY: `raw` is a valid communicator on `stream`'s device (the caller of
+                // `NcclBroadcaster::from_raw` promised it); `ptr` is `len` bytes of device
+                // memory that outlive the round (they are leaked if it never ends).
+                unsafe {
+                    nccl::broadcast(
+                        ptr as *const std::ffi::c_void,
+                        ptr as *mut std::ffi::c_void,
+                        len,
+                        ncclDataType_t::ncclUint8,
+                        root,
+                        *raw,
+                        stream.cu_stream() as _,
+                    )
+                }
+            }
         })?
         .map_err(|e| nccl_err("ncclBroadcast", e))?;
-        let (event, stream) = (&self.event, &self.stream);
+        let event = &self.event;
         guarded("cuEventRecord", || event.record(stream))?
             .map_err(|e| cuda_err("recording an event", e))
     }
@@ -156,17 +194,41 @@ impl Device for Cuda {
     }
 
     fn abort(&mut self) {
-        // Dropping a cudarc communicator calls ncclCommAbort (and panics if that fails).
-        let comm = self.comm.take();
-        if guarded("ncclCommAbort", move || drop(comm)).is_err() {
-            tracing::warn!("ncclCommAbort failed");
+        match self.comm.take() {
+            Some(Handle::Owned(comm)) => release(Handle::Owned(comm)),
+            Some(Handle::Shared(comm)) => {
+                // Only the last owner's drop aborts: otherwise a kernel of this round may
+                // still be in flight on the application's communicator.
+                self.leak_buffers = Arc::strong_count(&comm) > 1;
+                release(Handle::Shared(comm));
+                if self.leak_buffers {
+                    tracing::warn!(
+                        "the shared NCCL communicator is left to the application, not aborted"
+                    );
+                }
+            }
+            Some(Handle::Raw(_)) => {
+                self.leak_buffers = true;
+                tracing::warn!("the application's NCCL communicator is left to it, not aborted");
+            }
+            None => {}
         }
     }
 }
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        // cudarc's own drop would panic on a failed abort; this one logs it.
-        self.abort();
+        // After clean rounds no kernel of lens is in flight: release the communicator as its
+        // kind asks (an owned one is aborted by cudarc's drop, a raw one is left alone).
+        if let Some(comm) = self.comm.take() {
+            release(comm);
+        }
+        if !self.leak_buffers {
+            // SAFETY: each is dropped once, here, and never used again.
+            unsafe {
+                ManuallyDrop::drop(&mut self.slab);
+                ManuallyDrop::drop(&mut self.spill);
+            }
+        }
     }
 }

@@ -9,13 +9,16 @@
 //!   missing) and everything returns [`Error::Unavailable`] with the reason.
 //! - [`NcclBroadcaster::bootstrap`] creates the NCCL unique id on rank 0 and sends it over
 //!   any other [`Broadcaster`] (TCP, MPI, local), then joins NCCL under a deadline
-//!   ([`NcclOptions::init_timeout`]); [`NcclBroadcaster::from_comm`] wraps a communicator
-//!   (and its stream) that the application already owns.
-//! - A round that does not complete by the deadline aborts the communicator
-//!   (`ncclCommAbort`) and returns [`Error::Timeout`]; a round that fails part-way aborts it
-//!   too (the rank is out of step with its peers). Later rounds get [`Error::Closed`].
+//!   ([`NcclOptions::init_timeout`]). A communicator the application already has works too:
+//!   [`NcclBroadcaster::from_comm`] takes a cudarc `Comm` over,
+//!   [`NcclBroadcaster::from_shared`] shares one the application keeps using, and
+//!   [`NcclBroadcaster::from_raw`] takes raw NCCL and CUDA handles (from PyTorch, say).
+//! - A round that does not complete by the deadline returns [`Error::Timeout`] and aborts the
+//!   communicator (`ncclCommAbort`) when lens owns it; a round that fails part-way does the
+//!   same (the rank is out of step with its peers). Later rounds get [`Error::Closed`].
 //! - The round logic is written against a small device trait; this crate's tests run it,
-//!   conformance suite included, on a simulated NCCL group, so it is checked without a GPU.
+//!   conformance suite included, on a simulated NCCL group, and the cudarc path runs on
+//!   `lens_testkit::fake_gpu`, so both are checked without a GPU.
 //! - NCCL failures keep the NCCL result code in the error.
 //! - `broadcast` blocks its thread until the round is done (it polls a CUDA event).
 //!
@@ -40,6 +43,10 @@
 // Loading CUDA/NCCL libraries to check them, and a Send marker for the NCCL communicator.
 #![allow(unsafe_code)]
 
+/// The cudarc this crate is built on, to name its types (`Comm`, `CudaStream`, raw handles)
+/// at the same version.
+pub use cudarc;
+
 pub mod bench;
 mod device;
 mod probe;
@@ -47,15 +54,17 @@ mod probe;
 mod sim;
 
 use std::ffi::c_char;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
+use cudarc::driver::sys::CUstream;
+use cudarc::nccl::sys::ncclComm_t;
 use cudarc::nccl::{Comm, Id};
 use lens_core::slab::SlabFormat;
 use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
 
-use device::{Buf, Cuda, Device};
+use device::{Buf, Cuda, Device, Handle};
 use probe::{BACKEND, guarded};
 pub use probe::{Probe, probe};
 
@@ -356,8 +365,9 @@ impl NcclBroadcaster {
         Self::with_options(comm, opts)
     }
 
-    /// Wraps a communicator the application already owns (its stream is used too), with
-    /// default [`NcclOptions`].
+    /// Wraps a cudarc communicator, which lens then owns (its stream is used too), with
+    /// default [`NcclOptions`]. To keep using the communicator, see
+    /// [`NcclBroadcaster::from_shared`].
     ///
     /// # Errors
     /// [`Error::Transport`] when the device slab cannot be allocated.
@@ -365,15 +375,89 @@ impl NcclBroadcaster {
         Self::with_options(comm, &NcclOptions::default())
     }
 
-    /// [`NcclBroadcaster::from_comm`] with options (`init_timeout` is not used).
+    /// [`NcclBroadcaster::from_comm`] with options (`init_timeout` is not used). A failed
+    /// round aborts the communicator; so does dropping the broadcaster (cudarc's `Comm`
+    /// aborts on drop).
     ///
     /// # Errors
     /// [`Error::Config`] for bad options; [`Error::Transport`] when the slab cannot be
     /// allocated.
     pub fn with_options(comm: Comm, opts: &NcclOptions) -> Result<Self> {
         opts.check()?;
-        let (rank, world_size) = (comm.rank(), comm.world_size());
-        let dev = Cuda::new(comm, opts.slab_size)?;
+        let (rank, world_size, stream) = (comm.rank(), comm.world_size(), comm.stream());
+        Self::over(Handle::Owned(comm), stream, rank, world_size, opts)
+    }
+
+    /// Works on a cudarc communicator (and its stream) that the application keeps using: lens
+    /// holds a clone of the `Arc`, and its rounds queue on the communicator's stream in order
+    /// with the application's work. lens never aborts it while the application holds it: after
+    /// a round that timed out, lens drops its clone and refuses later rounds, and the
+    /// application decides (a collective is stuck in the communicator; dropping the last
+    /// `Arc` aborts it). The device buffers of such a round are leaked, since a kernel may
+    /// still write to them.
+    ///
+    /// # Safety
+    /// cudarc's `Comm` is neither `Send` nor `Sync`, and NCCL communicators are not
+    /// thread-safe; the broadcaster may run rounds from any thread. The application must not
+    /// call NCCL on this communicator (or drop its last `Arc`) on another thread while a lens
+    /// round runs.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for bad options; [`Error::Transport`] when the slab cannot be
+    /// allocated.
+    pub unsafe fn from_shared(comm: Arc<Comm>, opts: &NcclOptions) -> Result<Self> {
+        opts.check()?;
+        let (rank, world_size, stream) = (comm.rank(), comm.world_size(), comm.stream());
+        Self::over(Handle::Shared(comm), stream, rank, world_size, opts)
+    }
+
+    /// Works on an NCCL communicator and CUDA stream that the application owns as raw
+    /// handles, for instance from PyTorch (`ProcessGroupNCCL`'s communicator and
+    /// `torch.cuda.current_stream().cuda_stream`) in a mixed Python and Rust process. Rank,
+    /// world size and device are read from the communicator. lens never aborts or destroys
+    /// either handle; after a round that timed out it refuses later rounds and leaks its
+    /// device buffers (a kernel may still write to them), and the application decides what
+    /// to do with the communicator (a collective is stuck in it).
+    ///
+    /// # Safety
+    /// - `comm` is a valid NCCL communicator and `stream` a valid CUDA stream of the
+    ///   communicator's device, in the primary context of that device; both outlive the
+    ///   broadcaster.
+    /// - Nothing calls NCCL on `comm` from another thread while a lens round runs.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] without CUDA or NCCL; NCCL and CUDA failures as
+    /// [`Error::Transport`]; [`Error::Config`] for bad options.
+    pub unsafe fn from_raw(comm: ncclComm_t, stream: CUstream, opts: &NcclOptions) -> Result<Self> {
+        opts.check()?;
+        probe()?;
+        let ask = |what: &'static str, f: unsafe fn(ncclComm_t) -> std::result::Result<i32, _>| {
+            // SAFETY: `comm` is valid (the caller's promise); these only read from it.
+            guarded(what, || unsafe { f(comm) })?
+                .map_err(|e| nccl_err(what, e))
+                .and_then(|v| {
+                    usize::try_from(v).map_err(|_| Error::config(format!("{what} gave {v}")))
+                })
+        };
+        let rank = ask("ncclCommUserRank", cudarc::nccl::result::comm_user_rank)?;
+        let world_size = ask("ncclCommCount", cudarc::nccl::result::comm_count)?;
+        let device = ask("ncclCommCuDevice", cudarc::nccl::result::comm_cu_device)?;
+        let ctx = guarded("cuDevicePrimaryCtxRetain", || CudaContext::new(device))?
+            .map_err(|e| cuda_err(&format!("opening device {device}"), e))?;
+        // SAFETY: `stream` belongs to this device's primary context and outlives the
+        // broadcaster (the caller's promise); the wrapper never destroys it.
+        let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
+        Self::over(Handle::Raw(comm), stream, rank, world_size, opts)
+    }
+
+    fn over(
+        comm: Handle,
+        stream: Arc<cudarc::driver::CudaStream>,
+        rank: usize,
+        world_size: usize,
+        opts: &NcclOptions,
+    ) -> Result<Self> {
+        let dev = Cuda::new(comm, stream, opts.slab_size)?;
         Ok(Self::from_device(
             Box::new(dev),
             rank,

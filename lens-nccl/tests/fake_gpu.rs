@@ -3,6 +3,8 @@
 //! the parent test builds the fake and runs this test binary again with it; the `in_fake_*`
 //! tests are that child's work and are ignored when run on their own.
 #![allow(clippy::print_stdout)]
+// The raw-handle constructor is unsafe by nature; the tests call it as an application would.
+#![allow(unsafe_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +12,8 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use lens_core::{Broadcaster, Error, Hierarchical, NodeLayout, blocking};
+use lens_nccl::cudarc::driver::{CudaContext, CudaStream};
+use lens_nccl::cudarc::nccl::{Comm, result as nccl};
 use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::LocalCluster;
@@ -45,8 +49,8 @@ fn fake_gpu_driver() {
     assert!(status.success(), "child failed:\n{stdout}\n{stderr}");
     // Every child test ran (none filtered away by a rename).
     assert!(
-        stdout.contains("test result: ok. 6 passed"),
-        "expected the 6 in_fake_ tests to pass:\n{stdout}"
+        stdout.contains("test result: ok. 8 passed"),
+        "expected the 8 in_fake_ tests to pass:\n{stdout}"
     );
 }
 
@@ -224,5 +228,124 @@ fn in_fake_hierarchical_nccl_nodes_with_tcp_leaders() {
     }
     if let Err(f) = run_threads(&ranks, &Options::default().rounds(200)) {
         panic!("{f:#?}");
+    }
+}
+
+/// One stream per fake GPU and an NCCL group over them, as an application would make them.
+fn app_group(n: usize) -> (Vec<Arc<CudaStream>>, Vec<Comm>) {
+    let streams: Vec<_> = (0..n)
+        .map(|d| {
+            CudaContext::new(d)
+                .and_then(|c| c.new_stream())
+                .expect("stream")
+        })
+        .collect();
+    let comms = Comm::from_devices(streams.clone()).expect("ncclCommInitAll");
+    (streams, comms)
+}
+
+/// The application's own broadcast from rank 0 queues on every one of `comms` (none was
+/// aborted by lens). Buffers are dropped only once every rank has queued.
+fn app_broadcast_works(comms: &[&Comm]) -> Vec<bool> {
+    let mut bufs: Vec<_> = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<u8>(8).expect("alloc"))
+        .collect();
+    comms
+        .iter()
+        .zip(&mut bufs)
+        .map(|(c, b)| c.broadcast_in_place(b, 0).is_ok())
+        .collect()
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_shared_communicator_stays_the_applications() {
+    in_child();
+    let (_streams, comms) = app_group(2);
+    let comms: Vec<Arc<Comm>> = comms.into_iter().map(Arc::new).collect();
+    let ranks: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            // SAFETY: this test calls NCCL on the communicators only while no round runs.
+            unsafe { NcclBroadcaster::from_shared(c.clone(), &NcclOptions::default()) }
+                .expect("wrap")
+        })
+        .collect();
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(100)) {
+        panic!("{f:#?}");
+    }
+    drop(ranks);
+    // Both ranks queue the application's next collective (the fake queues without blocking,
+    // so one thread can do both): neither communicator was aborted.
+    let ok = app_broadcast_works(&[&comms[0], &comms[1]]);
+    assert_eq!(ok, [true, true]);
+
+    // A timed-out round leaves the shared communicator to the application, not aborted.
+    // SAFETY: as above.
+    let lone = unsafe {
+        NcclBroadcaster::from_shared(
+            comms[0].clone(),
+            &NcclOptions::default().timeout(Duration::from_millis(200)),
+        )
+    }
+    .expect("wrap");
+    let r = blocking::broadcast(&lone, 0, Some(b"ctx"));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(matches!(
+        blocking::broadcast(&lone, 0, Some(b"ctx")),
+        Err(Error::Closed { .. })
+    ));
+    drop(lone);
+    assert_eq!(
+        app_broadcast_works(&[&comms[0]]),
+        [true],
+        "lens must not abort a shared communicator"
+    );
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_raw_handles_from_another_runtime() {
+    in_child();
+    // Raw handles, as PyTorch would hand them over: a communicator and a stream per GPU.
+    let streams: Vec<_> = (0..2)
+        .map(|d| {
+            CudaContext::new(d)
+                .and_then(|c| c.new_stream())
+                .expect("stream")
+        })
+        .collect();
+    let mut raw = vec![std::ptr::null_mut(); 2];
+    // SAFETY: two slots for two communicators, devices 0 and 1 exist in the fake.
+    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), 2, [0, 1].as_ptr()) }.expect("init");
+    let ranks: Vec<_> = raw
+        .iter()
+        .zip(&streams)
+        .map(|(&c, s)| {
+            // SAFETY: valid handles that outlive the broadcasters; used from one thread at a
+            // time.
+            unsafe { NcclBroadcaster::from_raw(c, s.cu_stream(), &NcclOptions::default()) }
+                .expect("wrap")
+        })
+        .collect();
+    assert_eq!(
+        ranks
+            .iter()
+            .map(|b| (b.rank(), b.world_size()))
+            .collect::<Vec<_>>(),
+        [(0, 2), (1, 2)],
+        "rank and world size come from the communicator"
+    );
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(100)) {
+        panic!("{f:#?}");
+    }
+    drop(ranks);
+    for c in raw {
+        // SAFETY: the handle is still valid: lens neither aborted nor destroyed it.
+        let n = unsafe { nccl::comm_count(c) }.expect("the communicator is still alive");
+        assert_eq!(n, 2);
+        // SAFETY: the application ends what it made.
+        unsafe { nccl::comm_abort(c) }.expect("abort");
     }
 }

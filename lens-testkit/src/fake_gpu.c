@@ -57,6 +57,7 @@ struct event {
 struct comm {
     struct group *g;
     int rank;
+    int device;
     uint64_t seq;
     int aborted;
     struct stream *last_stream;
@@ -106,7 +107,13 @@ int cuDeviceGet(int *dev, int ordinal) {
     return 0;
 }
 
-int cuDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 0; return 0; }
+/* Memory pools supported (as on current GPUs), so cudarc allocates and frees on the stream. */
+#define ATTR_MEMORY_POOLS_SUPPORTED 115
+int cuDeviceGetAttribute(int *v, int attr, int dev) {
+    (void)dev;
+    *v = attr == ATTR_MEMORY_POOLS_SUPPORTED;
+    return 0;
+}
 
 int cuDeviceGetName(char *name, int len, int dev) {
     (void)dev;
@@ -257,9 +264,9 @@ int ncclGetUniqueId(ncclUniqueId *id) {
     return 0;
 }
 
-static struct comm *new_comm(struct group *g, int rank) {
+static struct comm *new_comm(struct group *g, int rank, int device) {
     struct comm *c = calloc(1, sizeof *c);
-    if (c) { c->g = g; c->rank = rank; }
+    if (c) { c->g = g; c->rank = rank; c->device = device; }
     return c;
 }
 
@@ -291,12 +298,11 @@ int ncclCommInitRank(void **comm, int n, ncclUniqueId id, int rank) {
         if (now_ns() - start > 2 * WAIT_LIMIT_NS) return NCCL_SYSTEM_ERROR;
         usleep(200);
     }
-    *comm = new_comm(g, rank);
+    *comm = new_comm(g, rank, *(int *)current_ctx);
     return *comm ? 0 : NCCL_SYSTEM_ERROR;
 }
 
 int ncclCommInitAll(void **comms, int n, const int *devs) {
-    (void)devs;
     if (n < 1 || n > MAX_RANKS) return NCCL_INVALID_ARGUMENT;
     struct group *g = calloc(1, sizeof *g);
     if (g == NULL) return NCCL_SYSTEM_ERROR;
@@ -306,7 +312,7 @@ int ncclCommInitAll(void **comms, int n, const int *devs) {
     g->next = groups;
     groups = g;
     pthread_mutex_unlock(&lock);
-    for (int i = 0; i < n; i++) comms[i] = new_comm(g, i);
+    for (int i = 0; i < n; i++) comms[i] = new_comm(g, i, devs ? devs[i] : i);
     return 0;
 }
 
@@ -359,6 +365,27 @@ int ncclCommAbort(void *comm) {
     /* Its kernels are gone: nothing on its stream waits for the peers any more. */
     if (c->last_stream) c->last_stream->g = NULL;
     pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+int ncclCommCount(void *comm, int *n) {
+    struct comm *c = comm;
+    if (c == NULL || c->aborted) return NCCL_INVALID_ARGUMENT;
+    *n = c->g->n;
+    return 0;
+}
+
+int ncclCommUserRank(void *comm, int *rank) {
+    struct comm *c = comm;
+    if (c == NULL || c->aborted) return NCCL_INVALID_ARGUMENT;
+    *rank = c->rank;
+    return 0;
+}
+
+int ncclCommCuDevice(void *comm, int *device) {
+    struct comm *c = comm;
+    if (c == NULL || c->aborted) return NCCL_INVALID_ARGUMENT;
+    *device = c->device;
     return 0;
 }
 
