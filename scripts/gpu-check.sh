@@ -40,14 +40,24 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv || {
   echo "gpu-check: nvidia-smi failed: no GPU here" >&2
   exit 1
 }
-nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
-if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
+# NCCL: the nvidia-nccl-cu13 wheel's library (in the package folder or a lib/ below it),
+# else any libnccl.so.2 on this machine.
+nccl_lib=""
+pkg_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+if [ -n "$pkg_dir" ]; then
+  nccl_lib=$(find "$pkg_dir" -name 'libnccl.so.2' 2>/dev/null | head -n 1)
+fi
+if [ -z "$nccl_lib" ]; then
+  nccl_lib=$(timeout 30 find / -xdev -name 'libnccl.so.2' 2>/dev/null | head -n 1 || true)
+fi
+if [ -n "$nccl_lib" ]; then
+  nccl_dir=$(dirname "$nccl_lib")
   links=$(mktemp -d)
-  ln -sf "$nccl_dir/libnccl.so.2" "$links/libnccl.so"
+  ln -sf "$nccl_lib" "$links/libnccl.so"
   export LD_LIBRARY_PATH="$links:$nccl_dir:${LD_LIBRARY_PATH:-}"
-  echo "== NCCL from $nccl_dir ($(python3 -c 'import importlib.metadata as m; print(m.version("nvidia-nccl-cu13"))' 2>/dev/null || echo 'version unknown'))"
+  echo "== NCCL: $nccl_lib (wheel $(python3 -c 'import importlib.metadata as m; print(m.version("nvidia-nccl-cu13"))' 2>/dev/null || echo 'not found'))"
 else
-  echo "== NCCL: no nvidia.nccl Python package; relying on the loader path"
+  echo "== NCCL: no libnccl.so.2 found; relying on the loader path"
 fi
 ngpu=$(nvidia-smi --list-gpus | grep -c '^GPU' || true)
 echo "== NCCL tests (GPU tests on GPU 0, one rank)"
