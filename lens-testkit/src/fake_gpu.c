@@ -1,15 +1,20 @@
 /*
  * A stand-in for the CUDA driver (libcuda) and NCCL (libnccl) with the calls lens-nccl makes
  * through cudarc, for tests on machines without a GPU. One shared object answers to both
- * names (libcuda.so and libnccl.so are links to it). Device memory is host memory; every
- * copy runs at once; an NCCL group lives inside one process (its ranks are threads), and a
- * broadcast completes only when every rank has queued it, so the deadline, abort and
- * ordering logic above it runs as on a GPU. Devices: $LENS_FAKE_GPU_DEVICES (default 2).
+ * names (libcuda.so and libnccl.so are links to it). Device memory is host memory and copies
+ * run at once. An NCCL group lives in shared memory, so its ranks may be threads of one
+ * process or separate processes; a broadcast completes only when every rank has queued it,
+ * and a rank's buffer receives the root's bytes when that rank next looks at its stream, so
+ * the deadline, abort and ordering logic above it runs as on a GPU.
+ * Devices: $LENS_FAKE_GPU_DEVICES (default 2).
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,37 +26,30 @@
 #define NCCL_INVALID_ARGUMENT 4
 #define NCCL_INVALID_USAGE 5
 #define MAX_RANKS 64
-#define RING 64
+/* Ranks are at most one collective apart, so a few slots suffice. */
+#define RING 4
+/* The largest broadcast: lens's payload limit (64 KiB) plus room. */
+#define SLOT (96 * 1024)
+#define MAGIC 0x6c656e73u
 #define WAIT_LIMIT_NS (30LL * 1000 * 1000 * 1000)
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* ---- the group, in memory shared by its ranks ---- */
 
 struct op {
     uint64_t seq;
     int posted;
     int root;
-    size_t bytes[MAX_RANKS];
-    void *bufs[MAX_RANKS];
+    size_t bytes;
+    unsigned char data[SLOT];
 };
 
 struct group {
-    char id[128];
+    volatile uint32_t magic; /* set last by the creator: the rest is ready */
+    pthread_mutex_t mu;      /* process-shared */
     int n;
     int joined;
     uint64_t completed; /* collectives complete in order: the highest done */
     struct op ops[RING];
-    struct group *next;
-};
-
-struct stream {
-    int device;
-    struct group *g; /* the last collective queued on this stream */
-    uint64_t seq;
-};
-
-struct event {
-    struct group *g;
-    uint64_t seq;
 };
 
 struct comm {
@@ -60,10 +58,31 @@ struct comm {
     int device;
     uint64_t seq;
     int aborted;
-    struct stream *last_stream;
 };
 
-static struct group *groups;
+/* A collective queued on a stream, and where its result goes. */
+struct pending {
+    struct comm *c;
+    uint64_t seq;
+    void *recv;
+    size_t bytes;
+};
+
+/* A stream runs its queued collectives in order. */
+#define QUEUE 8
+struct stream {
+    int device;
+    struct pending q[QUEUE];
+    int head, count;
+    uint64_t queued; /* collectives queued on this stream so far */
+};
+
+struct event {
+    struct stream *s;
+    uint64_t upto; /* done once the stream has run this many collectives */
+};
+
+static pthread_mutex_t local = PTHREAD_MUTEX_INITIALIZER;
 static int contexts[MAX_RANKS];
 static __thread void *current_ctx;
 
@@ -79,20 +98,54 @@ static int device_count(void) {
     return n < 0 ? 0 : (n > MAX_RANKS ? MAX_RANKS : n);
 }
 
-/* Whether the collective `seq` of `g` is done; call with the lock held. */
-static int done(struct group *g, uint64_t seq) { return g == NULL || g->completed >= seq; }
+static void group_init(struct group *g, int n) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&g->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    g->n = n;
+    __atomic_store_n(&g->magic, MAGIC, __ATOMIC_RELEASE);
+}
+
+/*
+ * Runs the stream's queued collectives that are complete, in order, putting each result in
+ * place. Returns how many collectives the stream has finished in all.
+ */
+static uint64_t stream_run(struct stream *s) {
+    while (s->count > 0) {
+        struct pending *p = &s->q[s->head];
+        struct comm *c = p->c;
+        if (!c->aborted) { /* an aborted communicator's kernels are gone */
+            struct group *g = c->g;
+            pthread_mutex_lock(&g->mu);
+            int complete = g->completed >= p->seq;
+            if (complete && p->recv) {
+                struct op *o = &g->ops[p->seq % RING];
+                if (o->seq == p->seq && c->rank != o->root) {
+                    size_t n = p->bytes < o->bytes ? p->bytes : o->bytes;
+                    memcpy(p->recv, o->data, n);
+                }
+            }
+            pthread_mutex_unlock(&g->mu);
+            if (!complete) break;
+        }
+        s->head = (s->head + 1) % QUEUE;
+        s->count--;
+    }
+    return s->queued - (uint64_t)s->count;
+}
+
+static int stream_done(struct stream *s) { return s == NULL || (stream_run(s), s->count == 0); }
 
 /* Waits (bounded) for a stream's queued collective, as a blocking CUDA call would. */
 static int wait_stream(struct stream *s) {
     int64_t start = now_ns();
-    for (;;) {
-        pthread_mutex_lock(&lock);
-        int ok = s == NULL || done(s->g, s->seq);
-        pthread_mutex_unlock(&lock);
-        if (ok) return 0;
+    while (!stream_done(s)) {
         if (now_ns() - start > WAIT_LIMIT_NS) return CUDA_ERROR_UNKNOWN;
         usleep(50);
     }
+    return 0;
 }
 
 /* ---- CUDA driver ---- */
@@ -153,17 +206,9 @@ int cuStreamCreate(void **s, unsigned flags) {
 
 /* Streams are kept: an aborted communicator may still name its last one. */
 int cuStreamDestroy_v2(void *s) { (void)s; return 0; }
-
 int cuStreamSynchronize(void *s) { return wait_stream(s); }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; (void)e; (void)flags; return 0; }
-
-int cuStreamQuery(void *s) {
-    struct stream *st = s;
-    pthread_mutex_lock(&lock);
-    int ok = st == NULL || done(st->g, st->seq);
-    pthread_mutex_unlock(&lock);
-    return ok ? 0 : NOT_READY;
-}
+int cuStreamQuery(void *s) { return stream_done(s) ? 0 : NOT_READY; }
 
 int cuEventCreate(void **e, unsigned flags) {
     (void)flags;
@@ -177,11 +222,8 @@ int cuEventDestroy_v2(void *e) { free(e); return 0; }
 
 int cuEventRecord(void *e, void *s) {
     struct event *ev = e;
-    struct stream *st = s;
-    pthread_mutex_lock(&lock);
-    ev->g = st ? st->g : NULL;
-    ev->seq = st ? st->seq : 0;
-    pthread_mutex_unlock(&lock);
+    ev->s = s;
+    ev->upto = s ? ev->s->queued : 0;
     return 0;
 }
 
@@ -189,10 +231,8 @@ int cuEventRecordWithFlags(void *e, void *s, unsigned flags) { (void)flags; retu
 
 int cuEventQuery(void *e) {
     struct event *ev = e;
-    pthread_mutex_lock(&lock);
-    int ok = done(ev->g, ev->seq);
-    pthread_mutex_unlock(&lock);
-    return ok ? 0 : NOT_READY;
+    if (ev->s == NULL) return 0;
+    return stream_run(ev->s) >= ev->upto ? 0 : NOT_READY;
 }
 
 int cuEventSynchronize(void *e) {
@@ -213,7 +253,20 @@ int cuMemAlloc_v2(uint64_t *p, size_t n) {
 
 int cuMemAllocAsync(uint64_t *p, size_t n, void *s) { (void)s; return cuMemAlloc_v2(p, n); }
 int cuMemFree_v2(uint64_t p) { free((void *)(uintptr_t)p); return 0; }
-int cuMemFreeAsync(uint64_t p, void *s) { (void)s; return cuMemFree_v2(p); }
+
+int cuMemFreeAsync(uint64_t p, void *s) {
+    /* Stream order: memory freed while a queued collective still targets it is kept (its
+       result is dropped), as the free would wait on a GPU. */
+    struct stream *st = s;
+    for (int i = 0; st && i < st->count; i++) {
+        struct pending *q = &st->q[(st->head + i) % QUEUE];
+        if ((uint64_t)(uintptr_t)q->recv == p) {
+            q->recv = NULL;
+            return 0;
+        }
+    }
+    return cuMemFree_v2(p);
+}
 
 int cuMemsetD8Async(uint64_t p, unsigned char v, size_t n, void *s) {
     (void)s;
@@ -255,9 +308,9 @@ const char *ncclGetLastError(void *comm) { (void)comm; return ""; }
 int ncclGetUniqueId(ncclUniqueId *id) {
     static uint64_t counter;
     memset(id, 0, sizeof *id);
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&local);
     uint64_t c = ++counter;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&local);
     uint64_t words[3] = {(uint64_t)getpid(), c, (uint64_t)now_ns()};
     memcpy(id->internal, "lensfake", 8);
     memcpy(id->internal + 8, words, sizeof words);
@@ -270,30 +323,75 @@ static struct comm *new_comm(struct group *g, int rank, int device) {
     return c;
 }
 
+/* The group's file, named by the id: in $LENS_FAKE_GPU_DIR (removed with the fake), else
+   /dev/shm, else /tmp. */
+static void group_path(const ncclUniqueId *id, char *out, size_t len) {
+    const char *dir = getenv("LENS_FAKE_GPU_DIR");
+    if (dir == NULL || *dir == 0) dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    uint64_t w[3];
+    memcpy(w, id->internal + 8, sizeof w);
+    snprintf(out, len, "%s/lens-fake-nccl-%llx-%llx-%llx", dir, (unsigned long long)w[0],
+             (unsigned long long)w[1], (unsigned long long)w[2]);
+}
+
+/* Opens (or creates) the group of `id` shared by every rank that joins it. */
+static struct group *open_group(const ncclUniqueId *id, int n) {
+    char path[256];
+    group_path(id, path, sizeof path);
+    int creator = 1;
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        creator = 0;
+        fd = open(path, O_RDWR);
+    }
+    if (fd < 0) return NULL;
+    if (creator && ftruncate(fd, sizeof(struct group)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    /* A joiner may arrive before the creator sized the file. */
+    int64_t start = now_ns();
+    while (!creator && lseek(fd, 0, SEEK_END) < (off_t)sizeof(struct group)) {
+        if (now_ns() - start > WAIT_LIMIT_NS) { close(fd); return NULL; }
+        usleep(200);
+    }
+    struct group *g = mmap(NULL, sizeof *g, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (g == MAP_FAILED) return NULL;
+    if (creator) {
+        group_init(g, n);
+    } else {
+        while (__atomic_load_n(&g->magic, __ATOMIC_ACQUIRE) != MAGIC) {
+            if (now_ns() - start > WAIT_LIMIT_NS) return NULL;
+            usleep(200);
+        }
+    }
+    return g;
+}
+
 int ncclCommInitRank(void **comm, int n, ncclUniqueId id, int rank) {
     if (n < 1 || n > MAX_RANKS || rank < 0 || rank >= n) return NCCL_INVALID_ARGUMENT;
     if (current_ctx == NULL) return NCCL_INVALID_USAGE; /* NCCL needs a current device */
-    pthread_mutex_lock(&lock);
-    struct group *g = groups;
-    while (g && memcmp(g->id, id.internal, sizeof g->id) != 0) g = g->next;
-    if (g == NULL) {
-        g = calloc(1, sizeof *g);
-        if (g == NULL) { pthread_mutex_unlock(&lock); return NCCL_SYSTEM_ERROR; }
-        memcpy(g->id, id.internal, sizeof g->id);
-        g->n = n;
-        g->next = groups;
-        groups = g;
-    }
+    struct group *g = open_group(&id, n);
+    if (g == NULL) return NCCL_SYSTEM_ERROR;
+    pthread_mutex_lock(&g->mu);
     int mismatch = g->n != n;
-    if (!mismatch) g->joined++;
-    pthread_mutex_unlock(&lock);
+    int all = 0;
+    if (!mismatch) all = ++g->joined == g->n;
+    pthread_mutex_unlock(&g->mu);
     if (mismatch) return NCCL_INVALID_ARGUMENT;
+    if (all) {
+        /* The last to join removes the name; the ranks keep their mappings. */
+        char path[256];
+        group_path(&id, path, sizeof path);
+        unlink(path);
+    }
     /* Like NCCL: wait for every rank (bounded here so a broken test still ends). */
     int64_t start = now_ns();
     for (;;) {
-        pthread_mutex_lock(&lock);
-        int all = g->joined >= g->n;
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_lock(&g->mu);
+        all = g->joined >= g->n;
+        pthread_mutex_unlock(&g->mu);
         if (all) break;
         if (now_ns() - start > 2 * WAIT_LIMIT_NS) return NCCL_SYSTEM_ERROR;
         usleep(200);
@@ -304,14 +402,10 @@ int ncclCommInitRank(void **comm, int n, ncclUniqueId id, int rank) {
 
 int ncclCommInitAll(void **comms, int n, const int *devs) {
     if (n < 1 || n > MAX_RANKS) return NCCL_INVALID_ARGUMENT;
-    struct group *g = calloc(1, sizeof *g);
-    if (g == NULL) return NCCL_SYSTEM_ERROR;
-    g->n = n;
+    struct group *g = mmap(NULL, sizeof *g, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (g == MAP_FAILED) return NCCL_SYSTEM_ERROR;
+    group_init(g, n);
     g->joined = n;
-    pthread_mutex_lock(&lock);
-    g->next = groups;
-    groups = g;
-    pthread_mutex_unlock(&lock);
     for (int i = 0; i < n; i++) comms[i] = new_comm(g, i, devs ? devs[i] : i);
     return 0;
 }
@@ -325,46 +419,44 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root
     struct comm *c = comm;
     struct stream *s = stream;
     size_t bytes = count * type_size(type);
-    if (c == NULL || s == NULL || type_size(type) == 0) return NCCL_INVALID_ARGUMENT;
+    if (c == NULL || s == NULL || type_size(type) == 0 || bytes > SLOT) return NCCL_INVALID_ARGUMENT;
     if (root < 0 || root >= c->g->n) return NCCL_INVALID_ARGUMENT;
     if (current_ctx == NULL || *(int *)current_ctx != s->device) return NCCL_INVALID_USAGE;
     if (c->aborted) return NCCL_INVALID_USAGE;
-    if (c->rank == root && send != recv) memcpy(recv, send, bytes);
-    pthread_mutex_lock(&lock);
+    if (s->count == QUEUE) return NCCL_SYSTEM_ERROR; /* the fake's queue is short */
     struct group *g = c->g;
+    pthread_mutex_lock(&g->mu);
     uint64_t seq = ++c->seq;
     struct op *o = &g->ops[seq % RING];
     if (o->seq != seq) {
-        memset(o, 0, sizeof *o);
         o->seq = seq;
+        o->posted = 0;
+        o->root = -1;
+        o->bytes = 0;
     }
-    o->bufs[c->rank] = recv;
-    o->bytes[c->rank] = bytes;
-    if (c->rank == root) o->root = root;
-    o->posted++;
-    if (o->posted == g->n) {
-        /* Ranks that disagree on the size get what fits (real NCCL would misbehave). */
-        for (int r = 0; r < g->n; r++) {
-            size_t n = o->bytes[r] < o->bytes[o->root] ? o->bytes[r] : o->bytes[o->root];
-            if (r != o->root && o->bufs[r]) memcpy(o->bufs[r], o->bufs[o->root], n);
-        }
-        g->completed = seq;
+    if (c->rank == root) {
+        memcpy(o->data, send, bytes);
+        if (send != recv) memcpy(recv, send, bytes);
+        o->root = root;
+        o->bytes = bytes;
     }
-    s->g = g;
-    s->seq = seq;
-    c->last_stream = s;
-    pthread_mutex_unlock(&lock);
+    if (++o->posted == g->n) g->completed = seq;
+    pthread_mutex_unlock(&g->mu);
+    struct pending *q = &s->q[(s->head + s->count) % QUEUE];
+    q->c = c;
+    q->seq = seq;
+    q->recv = recv;
+    q->bytes = bytes;
+    s->count++;
+    s->queued++;
     return 0;
 }
 
 int ncclCommAbort(void *comm) {
     struct comm *c = comm;
     if (c == NULL) return 0;
-    pthread_mutex_lock(&lock);
-    c->aborted = 1;
     /* Its kernels are gone: nothing on its stream waits for the peers any more. */
-    if (c->last_stream) c->last_stream->g = NULL;
-    pthread_mutex_unlock(&lock);
+    c->aborted = 1;
     return 0;
 }
 

@@ -2,13 +2,13 @@
 //! slab, events, aborts) runs in tests on machines without a GPU.
 //!
 //! [`FakeGpu::build`] compiles one small C library with the system compiler and links it as
-//! `libcuda.so` and `libnccl.so`. A process started with [`FakeGpu::ld_library_path`] as its
-//! `LD_LIBRARY_PATH` (the loader reads it at start-up, so it must be a new process) sees
-//! [`FakeGpu::devices`] GPUs. Device memory is host memory and an NCCL group lives inside one
-//! process (its ranks are threads, or one rank per process for a group of one); a broadcast
-//! completes only once every rank has queued it, so deadlines and aborts behave as on a GPU.
-//! It checks a little of what real NCCL needs: a current device for `ncclCommInitRank`, and
-//! the stream's device current at `ncclBroadcast`.
+//! `libcuda.so` and `libnccl.so`. A process started with [`FakeGpu::env`] (the loader reads
+//! `LD_LIBRARY_PATH` at start-up, so it must be a new process) sees [`FakeGpu::devices`]
+//! GPUs. Device memory is host memory. An NCCL group lives in shared memory, so its ranks may
+//! be threads of one process or separate processes; a broadcast completes only once every
+//! rank has queued it, so deadlines and aborts behave as on a GPU. It checks a little of what
+//! real NCCL needs: a current device for `ncclCommInitRank`, and the stream's device current
+//! at `ncclBroadcast`. Broadcasts are limited to 96 KiB.
 
 use std::ffi::OsString;
 use std::io;
@@ -21,6 +21,9 @@ pub const SOURCE: &str = include_str!("fake_gpu.c");
 
 /// Environment variable with the number of fake devices (default 2).
 pub const DEVICES_VAR: &str = "LENS_FAKE_GPU_DEVICES";
+
+/// Environment variable naming the folder where the fake keeps its NCCL groups' files.
+pub const DIR_VAR: &str = "LENS_FAKE_GPU_DIR";
 
 /// NCCL version code the fake reports.
 pub const NCCL_VERSION: i32 = 22800;
@@ -110,10 +113,19 @@ impl FakeGpu {
         v
     }
 
-    /// Sets up `cmd` to see the fake: `LD_LIBRARY_PATH` and the device count.
+    /// The environment a child process needs to see the fake: `LD_LIBRARY_PATH`, the
+    /// device count and the folder for group files (removed with the fake).
+    pub fn env(&self) -> Vec<(&'static str, OsString)> {
+        vec![
+            ("LD_LIBRARY_PATH", self.ld_library_path()),
+            (DEVICES_VAR, self.devices.to_string().into()),
+            (DIR_VAR, self.dir.clone().into_os_string()),
+        ]
+    }
+
+    /// Sets up `cmd` with [`FakeGpu::env`].
     pub fn apply<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
-        cmd.env("LD_LIBRARY_PATH", self.ld_library_path())
-            .env(DEVICES_VAR, self.devices.to_string())
+        cmd.envs(self.env())
     }
 }
 

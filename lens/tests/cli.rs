@@ -212,17 +212,16 @@ fn nccl_demo_runs_or_says_why_not() {
 }
 
 /// The NCCL bench and demo on the testkit's fake CUDA driver and NCCL (two fake GPUs): the
-/// whole program path runs without a GPU. The fake's NCCL groups live inside one process,
-/// so the demo runs one rank here; its multi-process form needs real GPUs (gpu-check.sh).
+/// whole program path, processes and all, runs without a GPU.
 #[cfg(all(feature = "nccl", feature = "tcp"))]
 #[test]
 fn nccl_bench_and_demo_on_a_fake_gpu() {
     let fake = lens::testkit::fake_gpu::FakeGpu::build(2).expect("build the fake (needs cc)");
-    let path = fake.ld_library_path();
-    let env = [
-        ("LD_LIBRARY_PATH", path.to_str().expect("UTF-8 temp dir")),
-        (lens::testkit::fake_gpu::DEVICES_VAR, "2"),
-    ];
+    let vars = fake.env();
+    let env: Vec<(&str, &str)> = vars
+        .iter()
+        .map(|(k, v)| (*k, v.to_str().expect("UTF-8 temp dir")))
+        .collect();
     let run = common::lens_with_env(
         &["bench", "--backend", "nccl", "--iters", "30", "--json"],
         &env,
@@ -230,14 +229,17 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
     );
     run.bench_lines("nccl", &[(2, "raw"), (2, "lens")], 30);
 
+    // Two processes, one per fake GPU: TCP rendezvous, the NCCL id over TCP, NCCL init and
+    // the demo's broadcasts across processes, spans gathered and checked.
     let run = common::lens_with_env(
-        &["demo", "--backend", "nccl", "--ranks", "1", "--steps", "2"],
+        &["demo", "--backend", "nccl", "--ranks", "2", "--steps", "2"],
         &env,
         DEADLINE,
     );
     assert!(run.ok, "{}", run.stderr);
     assert!(
-        run.stdout.contains("ok: 1 rank(s), 2 step(s)"),
+        run.stdout
+            .contains("ok: 2 rank(s), 2 step(s), 2 cross-rank link(s)"),
         "{}",
         run.stdout
     );
