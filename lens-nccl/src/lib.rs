@@ -596,8 +596,9 @@ impl NcclBroadcaster {
             max_payload: self.max_payload,
         };
         if let Some(p) = payload {
-            format.fill(&mut inner.host, p);
-            inner.dev.upload(Buf::Slab, &inner.host)?;
+            // Only the header and the payload's first part: receivers read no further.
+            let put = format.fill(&mut inner.host, p);
+            inner.dev.upload(Buf::Slab, &inner.host[..HEADER + put])?;
         }
         inner.dev.broadcast(Buf::Slab, self.slab_size, root)?;
         self.wait(inner, start)?;
