@@ -424,6 +424,9 @@ impl NcclBroadcaster {
     ///   communicator's device, in the primary context of that device; both outlive the
     ///   broadcaster.
     /// - Nothing calls NCCL on `comm` from another thread while a lens round runs.
+    /// - The NCCL library lens loads (`libnccl.so` on the loader path, see [`probe`]) is the
+    ///   file that made `comm`: a `libnccl.so` link to the application's `libnccl.so.2`, so
+    ///   the loader hands back the copy already in the process.
     ///
     /// # Errors
     /// [`Error::Unavailable`] without CUDA or NCCL; NCCL and CUDA failures as
