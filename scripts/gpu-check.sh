@@ -60,7 +60,7 @@ else
   echo "== NCCL: no libnccl.so.2 found; relying on the loader path"
 fi
 ngpu=$(nvidia-smi --list-gpus | grep -c '^GPU' || true)
-echo "== NCCL tests (GPU tests on GPU 0, one rank)"
+echo "== NCCL tests (GPU tests: one rank on GPU 0, then one rank per GPU in one process)"
 timeout 200 "$BIN/nccl-tests" --include-ignored --test-threads=1 --nocapture
 echo "== NCCL demo: $ngpu process(es), one per GPU, bootstrapped over loopback TCP"
 timeout 90 "$BIN/lens" demo --backend nccl --ranks "$ngpu" --steps 3 --timeout 20

@@ -8,7 +8,7 @@ use std::time::Instant;
 use lens_core::{Broadcaster, Error, blocking};
 use lens_nccl::{ID_LEN, NcclBroadcaster, exchange_id, probe};
 use lens_testkit::LocalCluster;
-use lens_testkit::conformance::{Options, pattern, run_rank};
+use lens_testkit::conformance::{Options, pattern, run_rank, run_threads};
 
 fn on_each<T: Send>(
     ranks: &[lens_testkit::LocalBroadcaster],
@@ -105,6 +105,22 @@ fn single_gpu() -> NcclBroadcaster {
 fn gpu_single_rank_conformance() {
     let b = single_gpu();
     futures::executor::block_on(run_rank(&b, &Options::default())).expect("conformance on one GPU");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and NCCL: run by scripts/gpu-check.sh"]
+fn gpu_every_local_gpu_conformance() {
+    // One rank per GPU, each on its own thread, NCCL's id sent over the local backend.
+    let n = probe().expect("CUDA and NCCL").devices;
+    let ids = LocalCluster::new(n).broadcasters();
+    let ranks = on_each(&ids, |b| {
+        futures::executor::block_on(NcclBroadcaster::bootstrap(b, b.rank()))
+            .expect("bootstrap on this rank's GPU")
+    });
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(300)) {
+        panic!("{n} GPU(s): {f:#?}");
+    }
+    println!("gpu-check: conformance passed on {n} GPU(s), one rank each");
 }
 
 #[test]
