@@ -48,6 +48,14 @@ timeout 1500 cargo test --workspace --all-targets --all-features
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
 
+step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c)"
+fake_gpu=$(mktemp -d)
+trap 'rm -rf "$fake_gpu"' EXIT
+cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
+for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do ln -s libfakegpu.so "$fake_gpu/$name"; done
+LD_LIBRARY_PATH="$fake_gpu" LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR="$fake_gpu" \
+  timeout 300 cargo test -p lens-nccl --test nccl -- --include-ignored
+
 step "doc tests"
 timeout 600 cargo test --workspace --doc --all-features
 
