@@ -336,7 +336,8 @@ impl NcclBroadcaster {
     /// # Errors
     /// [`Error::Unavailable`] on a machine without CUDA, NCCL or the device (on every rank:
     /// rank 0's failure is sent to the others); [`Error::Timeout`] when a rank does not join
-    /// NCCL's init in time; NCCL and CUDA failures as [`Error::Transport`] with their result
+    /// NCCL's init in time (NCCL cannot cancel it: its helper thread is left behind, blocked
+    /// in `ncclCommInitRank`, and a communicator it makes later is aborted there); NCCL and CUDA failures as [`Error::Transport`] with their result
     /// codes; [`Error::Config`] for bad options.
     pub async fn bootstrap_with(
         other: &dyn Broadcaster,
