@@ -523,7 +523,7 @@ impl NcclBroadcaster {
                 inner.dev.upload(Buf::Spill, p)?;
             }
             inner.dev.broadcast(Buf::Spill, len, root)?;
-            self.wait(inner, start)?;
+            self.wait(&mut *inner.dev, start)?;
             inner.dev.download(Buf::Spill, &mut out)
         })();
         Self::stop_on_error(inner, result).map(|()| out)
@@ -561,21 +561,16 @@ impl NcclBroadcaster {
         result
     }
 
-    /// Waits for the queued broadcast until the round's deadline (a timeout is then reported
-    /// and the communicator aborted by [`Self::stop_on_error`]).
-    fn wait(&self, inner: &mut Inner, start: Instant) -> Result<()> {
+    /// Waits for the queued broadcast until the round's deadline; a timeout is reported as
+    /// an error (and the communicator then aborted by [`Self::stop_on_error`]).
+    fn wait(&self, dev: &mut dyn Device, start: Instant) -> Result<()> {
         let deadline = start + self.timeout;
         let mut spins = 0u32;
         loop {
-            if inner.dev.finished()? {
+            if dev.finished()? {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                inner.broken = Some(format!(
-                    "a broadcast timed out after {:?} and the communicator was aborted",
-                    self.timeout
-                ));
-                inner.dev.abort();
                 return Err(Error::Timeout {
                     after: start.elapsed(),
                     missing: Vec::new(),
@@ -605,7 +600,7 @@ impl NcclBroadcaster {
             inner.dev.upload(Buf::Slab, &inner.host[..HEADER + put])?;
         }
         inner.dev.broadcast(Buf::Slab, self.slab_size, root)?;
-        self.wait(inner, start)?;
+        self.wait(&mut *inner.dev, start)?;
         inner.dev.download(Buf::Slab, &mut inner.host)?;
         let len = format.read(&inner.host, root)?;
         let mut out = Vec::with_capacity(len);
@@ -617,7 +612,7 @@ impl NcclBroadcaster {
                 inner.dev.upload(Buf::Spill, &p[cap..])?;
             }
             inner.dev.broadcast(Buf::Spill, rest, root)?;
-            self.wait(inner, start)?;
+            self.wait(&mut *inner.dev, start)?;
             out.resize(len, 0);
             inner.dev.download(Buf::Spill, &mut out[cap..])?;
         }
