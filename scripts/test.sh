@@ -54,7 +54,7 @@ trap 'rm -rf "$fake_gpu"' EXIT
 cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
 for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do ln -s libfakegpu.so "$fake_gpu/$name"; done
 LD_LIBRARY_PATH="$fake_gpu" LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR="$fake_gpu" \
-  timeout 300 cargo test -p lens-nccl --test nccl -- --include-ignored
+  timeout 300 cargo test --workspace --all-features --test nccl -- --include-ignored
 
 step "doc tests"
 timeout 600 cargo test --workspace --doc --all-features
