@@ -53,11 +53,13 @@ fake_gpu=$(mktemp -d)
 trap 'rm -rf "$fake_gpu"' EXIT
 cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
 for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do ln -s libfakegpu.so "$fake_gpu/$name"; done
-# The fake's environment goes to the test binary alone (through a runner): build scripts
-# that watch LD_LIBRARY_PATH would otherwise rebuild.
-host=$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z-' 'A-Z_')
-env "CARGO_TARGET_${host}_RUNNER=env LD_LIBRARY_PATH=$fake_gpu LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR=$fake_gpu" \
-  timeout 300 cargo test --workspace --all-features --test nccl -- --include-ignored
+# The NCCL test binary of the test step above (same flags: nothing rebuilds), run with the
+# fake on its loader path.
+nccl_tests=$(cargo test --workspace --all-targets --all-features --no-run --message-format=json 2>/dev/null \
+  | grep '"src_path":"[^"]*lens-nccl/tests/nccl.rs"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n 1)
+[ -x "$nccl_tests" ] || { echo "test.sh: the NCCL test binary was not found" >&2; exit 1; }
+LD_LIBRARY_PATH="$fake_gpu" LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR="$fake_gpu" \
+  timeout 300 "$nccl_tests" --include-ignored
 
 step "doc tests"
 timeout 600 cargo test --workspace --doc --all-features
