@@ -650,6 +650,7 @@ mod tests {
 
     use lens_core::blocking;
     use lens_testkit::conformance::{Options, pattern, run_threads};
+    use lens_testkit::on_each_rank as on_each;
 
     use super::*;
     use crate::sim::{SimFault, SimGpu, SimLog, SimWorld};
@@ -674,19 +675,6 @@ mod tests {
                 (b, log)
             })
             .unzip()
-    }
-
-    /// Runs `f` on every rank at once, one thread each (a round blocks its thread).
-    fn on_each<T: Send>(
-        ranks: &[NcclBroadcaster],
-        f: impl Fn(&NcclBroadcaster) -> T + Sync,
-    ) -> Vec<T> {
-        std::thread::scope(|s| {
-            let h: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
-            h.into_iter()
-                .map(|h| h.join().expect("rank thread"))
-                .collect()
-        })
     }
 
     fn aborted(log: &Arc<Mutex<SimLog>>) -> bool {

@@ -16,9 +16,9 @@ use lens_nccl::cudarc::driver::{CudaContext, CudaStream};
 use lens_nccl::cudarc::nccl::{Comm, result as nccl};
 use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
 use lens_tcp::{TcpBroadcaster, TcpConfig};
-use lens_testkit::LocalCluster;
 use lens_testkit::conformance::{Options, pattern, run_threads};
 use lens_testkit::fake_gpu::{DEVICES_VAR, FakeGpu, NCCL_VERSION};
+use lens_testkit::{LocalCluster, on_each_rank as on_each};
 
 #[test]
 fn fake_gpu_driver() {
@@ -64,27 +64,9 @@ fn in_child() {
 /// A group of `n` ranks (threads) bootstrapped over the local backend, rank r on GPU r.
 fn group(n: usize, opts: &NcclOptions) -> Vec<NcclBroadcaster> {
     let ranks = LocalCluster::new(n).broadcasters();
-    std::thread::scope(|s| {
-        let h: Vec<_> = ranks
-            .iter()
-            .map(|b| {
-                s.spawn(move || {
-                    futures::executor::block_on(NcclBroadcaster::bootstrap_with(b, b.rank(), opts))
-                })
-            })
-            .collect();
-        h.into_iter()
-            .map(|h| h.join().expect("rank thread").expect("bootstrap"))
-            .collect()
-    })
-}
-
-fn on_each<T: Send>(ranks: &[NcclBroadcaster], f: impl Fn(&NcclBroadcaster) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let h: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
-        h.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    on_each(&ranks, |b| {
+        futures::executor::block_on(NcclBroadcaster::bootstrap_with(b, b.rank(), opts))
+            .expect("bootstrap")
     })
 }
 

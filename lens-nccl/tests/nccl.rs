@@ -7,18 +7,8 @@ use std::time::Instant;
 
 use lens_core::{Broadcaster, Error, blocking};
 use lens_nccl::{ID_LEN, NcclBroadcaster, exchange_id, probe};
-use lens_testkit::LocalCluster;
 use lens_testkit::conformance::{Options, pattern, run_rank, run_threads};
-
-fn on_each<T: Send>(
-    ranks: &[lens_testkit::LocalBroadcaster],
-    f: impl Fn(&lens_testkit::LocalBroadcaster) -> T + Sync,
-) -> Vec<T> {
-    std::thread::scope(|s| {
-        let h: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
-        h.into_iter().map(|h| h.join().expect("thread")).collect()
-    })
-}
+use lens_testkit::{LocalCluster, on_each_rank as on_each};
 
 #[test]
 fn id_reaches_every_rank() {

@@ -15,7 +15,7 @@ fn payload(round: usize, root: usize) -> Vec<u8> {
 /// Every rank runs `rounds` rounds with rotating roots and checks every payload.
 fn rounds(ranks: &[TcpBroadcaster], rounds: usize) {
     let n = ranks.len();
-    let results = common::on_each(ranks, |b| {
+    let results = lens_testkit::on_each_rank(ranks, |b| {
         for round in 0..rounds {
             let root = round % n;
             let want = payload(round, root);
@@ -97,7 +97,7 @@ fn killed_rank_is_named_and_others_are_unharmed() {
     drop(ranks.remove(2)); // rank 2 dies
     std::thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
-    let results = common::on_each(&ranks, |b| {
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
         blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"after"[..]))
     });
     assert!(started.elapsed() < timeout * 3, "bounded by the timeout");
@@ -117,7 +117,7 @@ fn killed_root_is_named_by_everyone() {
     rounds(&ranks, 8);
     drop(ranks.remove(3)); // the next root dies
     let started = Instant::now();
-    let results = common::on_each(&ranks, |b| blocking::broadcast(b, 3, None));
+    let results = lens_testkit::on_each_rank(&ranks, |b| blocking::broadcast(b, 3, None));
     assert!(
         started.elapsed() < timeout * 3,
         "bounded by the timeout: {:?}",
@@ -218,7 +218,7 @@ fn killed_interior_rank_is_named_with_its_subtree() {
     drop(ranks.remove(1));
     std::thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
-    let results = common::on_each(&ranks, |b| {
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
         blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"after"[..]))
     });
     assert!(

@@ -6,7 +6,8 @@
 //!   ("all ranks share one trace id", "rank r's span links to the source span").
 //! - [`Faulty`]: fault injection (a slow rank, a corrupted payload); [`ClusterBuilder::absent`]
 //!   for a rank that never joins.
-//! - [`conformance`]: the suite every backend runs.
+//! - [`conformance`]: the suite every backend runs; [`on_each_rank`] runs a closure on every
+//!   rank at once, one thread each.
 //! - [`fake_gpu`]: a fake CUDA driver and NCCL, for the NCCL backend's tests without a GPU.
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -23,3 +24,19 @@ mod local;
 pub use cluster::{CheckError, Cluster, ClusterBuilder, RankCtx, RankReport, Report};
 pub use fault::{Corruption, Fault, Faulty};
 pub use local::{DEFAULT_TIMEOUT, LocalBroadcaster, LocalCluster};
+
+/// Runs `f` on every rank at once, one thread each, and returns the results in rank order:
+/// for backends whose `broadcast` blocks its thread (TCP, NCCL), where one thread cannot
+/// drive every rank. A panic on a rank's thread is raised again here.
+pub fn on_each_rank<B: Sync, T: Send>(ranks: &[B], f: impl Fn(&B) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}

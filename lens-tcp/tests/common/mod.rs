@@ -77,17 +77,3 @@ pub fn group_with(n: usize, timeout: Duration, fan_out: Option<usize>) -> Vec<Tc
     all.sort_by_key(lens_core::Broadcaster::rank);
     all
 }
-
-/// Runs `f` on every rank, each on its own thread; returns the results by rank.
-pub fn on_each<T: Send>(
-    ranks: &[TcpBroadcaster],
-    f: impl Fn(&TcpBroadcaster) -> T + Sync,
-) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
-}
