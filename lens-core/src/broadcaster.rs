@@ -1,6 +1,7 @@
 //! The transport trait every backend implements.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -54,6 +55,43 @@ pub trait Broadcaster: Send + Sync {
 
     /// Collective: broadcasts `payload` from `root` to every rank of the group.
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>>;
+}
+
+/// Longest deadline any lens backend accepts (one year). Deadlines are added to the clock,
+/// so a larger one (say `--timeout 1e19`) would overflow it.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Checks a deadline the way every backend must: positive and at most [`MAX_TIMEOUT`].
+/// `what` names the setting in the error (for example `"LENS_TCP_TIMEOUT"`).
+///
+/// # Errors
+/// [`Error::Config`] naming `what`.
+pub fn check_timeout(what: &str, d: Duration) -> Result<Duration> {
+    if d.is_zero() {
+        return Err(Error::config(format!("{what} must be positive")));
+    }
+    if d > MAX_TIMEOUT {
+        return Err(Error::config(format!(
+            "{what} of {d:?} is over the largest supported deadline of {MAX_TIMEOUT:?}"
+        )));
+    }
+    Ok(d)
+}
+
+/// Parses a number of seconds (a setting such as `--timeout` or `LENS_TCP_TIMEOUT`) and
+/// checks it with [`check_timeout`].
+///
+/// # Errors
+/// [`Error::Config`] naming `what` when `text` is not a positive number of seconds within
+/// [`MAX_TIMEOUT`].
+pub fn parse_timeout_secs(what: &str, text: &str) -> Result<Duration> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| Error::config(format!("{what}={text:?} is not a number of seconds")))?;
+    let d = Duration::try_from_secs_f64(secs)
+        .map_err(|_| Error::config(format!("{what}={text:?} is out of range")))?;
+    check_timeout(what, d)
 }
 
 /// Checks a broadcast's arguments the way every backend must, before any communication.

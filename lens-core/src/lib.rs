@@ -66,7 +66,10 @@ pub mod rank;
 pub mod slab;
 
 pub use broadcast::{broadcast_context, broadcast_trace_context};
-pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD, check_broadcast_args};
+pub use broadcaster::{
+    Broadcaster, DEFAULT_MAX_PAYLOAD, MAX_TIMEOUT, check_broadcast_args, check_timeout,
+    parse_timeout_secs,
+};
 pub use carrier::{Carrier, CarrierError};
 pub use error::{BoxError, Error, Result};
 pub use hierarchical::{Hierarchical, NodeLayout};

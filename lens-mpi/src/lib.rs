@@ -129,7 +129,7 @@ impl MpiBroadcasterBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for a slab smaller than its header or over `i32::MAX` bytes, or a
-    /// zero timeout.
+    /// timeout that is zero or over [`lens_core::MAX_TIMEOUT`].
     pub fn build(self) -> Result<MpiBroadcaster> {
         if self.slab_size <= HEADER || c_int::try_from(self.slab_size).is_err() {
             return Err(Error::config(format!(
@@ -137,9 +137,7 @@ impl MpiBroadcasterBuilder {
                 self.slab_size
             )));
         }
-        if self.timeout.is_zero() {
-            return Err(Error::config("the timeout must be positive"));
-        }
+        lens_core::check_timeout("the MPI timeout", self.timeout)?;
         let (rank, size) = (self.comm.rank(), self.comm.size());
         let only_thread = (mpi::environment::threading_support() < Threading::Serialized)
             .then(|| std::thread::current().id());

@@ -262,9 +262,8 @@ impl NcclOptions {
                 self.slab_size
             )));
         }
-        if self.timeout.is_zero() || self.init_timeout.is_zero() {
-            return Err(Error::config("NCCL timeouts must be positive"));
-        }
+        lens_core::check_timeout("the NCCL timeout", self.timeout)?;
+        lens_core::check_timeout("the NCCL init timeout", self.init_timeout)?;
         Ok(())
     }
 }

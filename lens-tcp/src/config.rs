@@ -1,14 +1,48 @@
-//! Configuration of a TCP group.
+//! Configuration of a TCP group: a builder that can start from the environment.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use lens_core::{Error, RankInfo, Result};
+use lens_core::{Error, RankInfo, Result, check_timeout, parse_timeout_secs};
+
+use crate::key;
 
 /// Shortest job key accepted, in bytes.
 pub const MIN_KEY_LEN: usize = 16;
+/// Largest world a TCP group supports: ranks travel as u32 and rank 0 keeps a table of
+/// every rank, so the limit keeps join frames and memory bounded.
+pub const MAX_WORLD: usize = 1 << 20;
+/// Default deadline of each collective.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time rank 0 waits for every rank to join (and the others for admission).
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How one rank joins a TCP group. Built with [`TcpConfig::builder`] or [`TcpConfig::from_env`].
+/// Names of the environment variables [`TcpConfigBuilder::from_env`] reads.
+pub mod env {
+    /// The rendezvous address, `host:port` (rank 0 binds it). Overrides the two below.
+    pub const ADDR: &str = "LENS_TCP_ADDR";
+    /// torchrun's rendezvous host.
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    /// torchrun's rendezvous port.
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    /// The job key: UTF-8 text taken as its bytes, or `hex:…` / `base64:…` for a binary key.
+    /// Child processes inherit it: prefer [`KEY_FILE`].
+    pub const KEY: &str = "LENS_TCP_KEY";
+    /// A file holding the job key (read when [`KEY`] is not set); see the crate docs.
+    pub const KEY_FILE: &str = "LENS_TCP_KEY_FILE";
+    /// Deadline of each collective, in seconds.
+    pub const TIMEOUT: &str = "LENS_TCP_TIMEOUT";
+    /// How long joining may take, in seconds.
+    pub const JOIN_TIMEOUT: &str = "LENS_TCP_JOIN_TIMEOUT";
+    /// Tree fan-out (a whole number of at least 1).
+    pub const FAN_OUT: &str = "LENS_TCP_FAN_OUT";
+    /// The host other ranks reach this rank at, for its tree children.
+    pub const HOST: &str = "LENS_TCP_HOST";
+}
+
+/// How one rank joins a TCP group. Built with [`TcpConfig::builder`] or
+/// [`TcpConfigBuilder::from_env`].
 #[derive(Clone)]
 pub struct TcpConfig {
     pub(crate) rank: usize,
@@ -44,71 +78,20 @@ impl TcpConfig {
         TcpConfigBuilder::default()
     }
 
-    /// From the environment, as torchrun and friends set it:
-    /// - address: `LENS_TCP_ADDR` (`host:port`), else `MASTER_ADDR` and `MASTER_PORT`;
-    /// - rank and world size: [`RankInfo::from_env`];
-    /// - key: `LENS_TCP_KEY`, else the contents of the file `LENS_TCP_KEY_FILE`;
-    /// - optional `LENS_TCP_TIMEOUT` (seconds), `LENS_TCP_FAN_OUT` (tree arity) and
-    ///   `LENS_TCP_HOST` (the address other ranks reach this host at, for tree fan-out).
+    /// `TcpConfigBuilder::from_env().build()`.
     ///
     /// # Errors
-    /// [`Error::Config`] naming the missing or malformed variable.
+    /// As [`TcpConfigBuilder::build`].
     pub fn from_env() -> Result<Self> {
-        Self::from_vars(|k| std::env::var(k).ok())
+        TcpConfigBuilder::from_env().build()
     }
 
-    /// [`TcpConfig::from_env`] with a custom lookup.
+    /// `TcpConfigBuilder::from_vars(lookup).build()`.
     ///
     /// # Errors
-    /// As [`TcpConfig::from_env`].
+    /// As [`TcpConfigBuilder::build`].
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let info = RankInfo::from_vars(&lookup)?;
-        let addr = match lookup("LENS_TCP_ADDR") {
-            Some(a) => a,
-            None => match (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) {
-                (Some(h), Some(p)) => format!("{h}:{p}"),
-                _ => {
-                    return Err(Error::config(
-                        "set LENS_TCP_ADDR (host:port) or MASTER_ADDR and MASTER_PORT",
-                    ));
-                }
-            },
-        };
-        let key = match (lookup("LENS_TCP_KEY"), lookup("LENS_TCP_KEY_FILE")) {
-            (Some(k), _) => k.into_bytes(),
-            (None, Some(path)) => std::fs::read(&path)
-                .map(|mut k| {
-                    while k.last().is_some_and(u8::is_ascii_whitespace) {
-                        k.pop();
-                    }
-                    k
-                })
-                .map_err(|e| Error::config(format!("cannot read LENS_TCP_KEY_FILE={path}: {e}")))?,
-            (None, None) => return Err(Error::config("set LENS_TCP_KEY or LENS_TCP_KEY_FILE")),
-        };
-        let mut b = TcpConfig::builder()
-            .rank(info.rank)
-            .world_size(info.world_size)
-            .addr(addr)
-            .key(key);
-        if let Some(k) = lookup("LENS_TCP_FAN_OUT") {
-            let k: usize = k
-                .parse()
-                .map_err(|_| Error::config(format!("LENS_TCP_FAN_OUT={k:?} is not a number")))?;
-            b = b.fan_out(k);
-        }
-        if let Some(h) = lookup("LENS_TCP_HOST") {
-            b = b.advertise_host(h);
-        }
-        if let Some(t) = lookup("LENS_TCP_TIMEOUT") {
-            let secs: f64 = t.parse().map_err(|_| {
-                Error::config(format!("LENS_TCP_TIMEOUT={t:?} is not a number of seconds"))
-            })?;
-            let d = Duration::try_from_secs_f64(secs)
-                .map_err(|_| Error::config(format!("LENS_TCP_TIMEOUT={t:?} is out of range")))?;
-            b = b.timeout(d);
-        }
-        b.build()
+        TcpConfigBuilder::from_vars(lookup).build()
     }
 
     /// This rank.
@@ -127,7 +110,7 @@ impl TcpConfig {
     }
 }
 
-/// Builds a [`TcpConfig`].
+/// Builds a [`TcpConfig`]. Settings made in code override the environment.
 #[derive(Default)]
 #[must_use]
 pub struct TcpConfigBuilder {
@@ -140,44 +123,153 @@ pub struct TcpConfigBuilder {
     max_payload: Option<usize>,
     fan_out: Option<usize>,
     advertise_host: Option<String>,
+    /// Malformed environment settings, by field; a setter for the field clears its entry.
+    env_errors: BTreeMap<&'static str, Error>,
+}
+
+impl fmt::Debug for TcpConfigBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpConfigBuilder")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("addr", &self.addr)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("join_timeout", &self.join_timeout)
+            .field("fan_out", &self.fan_out)
+            .field("advertise_host", &self.advertise_host)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TcpConfigBuilder {
-    /// This rank.
+    /// A builder filled from the environment, as torchrun and friends set it:
+    /// - address: [`env::ADDR`] (`host:port`), else [`env::MASTER_ADDR`] and
+    ///   [`env::MASTER_PORT`];
+    /// - rank and world size: [`RankInfo::from_env`];
+    /// - key: [`env::KEY`], else the file named by [`env::KEY_FILE`] (see the crate docs
+    ///   for the encodings);
+    /// - optional [`env::TIMEOUT`] and [`env::JOIN_TIMEOUT`] (seconds), [`env::FAN_OUT`]
+    ///   and [`env::HOST`].
+    ///
+    /// Nothing fails here: a missing or malformed variable is reported by
+    /// [`TcpConfigBuilder::build`], naming the variable, unless code sets that field.
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// [`TcpConfigBuilder::from_env`] with a custom lookup.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        Self::from_lookup(|k| lookup(k).map(Into::into))
+    }
+
+    fn from_lookup(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> Self {
+        let text = |k: &str| lookup(k).map(|v| v.to_string_lossy().into_owned());
+        let mut b = TcpConfigBuilder::default();
+        match RankInfo::from_vars(text) {
+            Ok(info) => {
+                b.rank = Some(info.rank);
+                b.world_size = Some(info.world_size);
+            }
+            Err(e) => {
+                b.env_errors.insert("rank", e);
+            }
+        }
+        match (
+            text(env::ADDR),
+            text(env::MASTER_ADDR),
+            text(env::MASTER_PORT),
+        ) {
+            (Some(a), _, _) => b.addr = Some(a),
+            (None, Some(h), Some(p)) => {
+                b.addr = Some(if h.contains(':') && !h.starts_with('[') {
+                    format!("[{h}]:{p}")
+                } else {
+                    format!("{h}:{p}")
+                });
+            }
+            _ => {}
+        }
+        match key::from_env(&lookup) {
+            Ok(Some(k)) => b.key = Some(k),
+            Ok(None) => {}
+            Err(e) => {
+                b.env_errors.insert("key", e);
+            }
+        }
+        let mut secs = |var: &'static str, field: &'static str| match text(var) {
+            Some(t) => match parse_timeout_secs(var, &t) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    b.env_errors.insert(field, e);
+                    None
+                }
+            },
+            None => None,
+        };
+        let timeout = secs(env::TIMEOUT, "timeout");
+        let join_timeout = secs(env::JOIN_TIMEOUT, "join_timeout");
+        b.timeout = timeout;
+        b.join_timeout = join_timeout;
+        if let Some(k) = text(env::FAN_OUT) {
+            match k.trim().parse::<usize>() {
+                Ok(k) => b.fan_out = Some(k),
+                Err(_) => {
+                    b.env_errors.insert(
+                        "fan_out",
+                        Error::config(format!("{}={k:?} is not a whole number", env::FAN_OUT)),
+                    );
+                }
+            }
+        }
+        b.advertise_host = text(env::HOST);
+        b
+    }
+
+    /// This rank (environment: `RANK`, `SLURM_PROCID`, … via [`RankInfo::from_env`]).
     pub fn rank(mut self, rank: usize) -> Self {
         self.rank = Some(rank);
+        self.env_errors.remove("rank");
         self
     }
 
-    /// The group size.
+    /// The group size (environment: `WORLD_SIZE`, `SLURM_NTASKS`, …).
     pub fn world_size(mut self, n: usize) -> Self {
         self.world_size = Some(n);
+        self.env_errors.remove("rank");
         self
     }
 
-    /// The rendezvous address, `host:port`; rank 0 binds it (port 0: any free port, see
-    /// [`crate::Rendezvous::local_addr`]), the others connect to it.
+    /// The rendezvous address, `host:port` (environment: [`env::ADDR`], or
+    /// [`env::MASTER_ADDR`] and [`env::MASTER_PORT`]). The host may be a name, an IPv4 or
+    /// an IPv6 address (in brackets); rank 0 binds every address the name resolves to
+    /// (port 0: any free port, see [`crate::Rendezvous::local_addr`]), the others connect.
     pub fn addr(mut self, addr: impl Into<String>) -> Self {
         self.addr = Some(addr.into());
         self
     }
 
-    /// The pre-shared job key (at least [`MIN_KEY_LEN`] bytes) that authenticates frames.
+    /// The pre-shared job key, at least [`MIN_KEY_LEN`] bytes, used as given (environment:
+    /// [`env::KEY`] or [`env::KEY_FILE`]).
     pub fn key(mut self, key: impl AsRef<[u8]>) -> Self {
         self.key = Some(key.as_ref().to_vec());
+        self.env_errors.remove("key");
         self
     }
 
-    /// Deadline of each collective (default 30 s).
+    /// Deadline of each collective (default [`DEFAULT_TIMEOUT`]; environment:
+    /// [`env::TIMEOUT`]).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
+        self.env_errors.remove("timeout");
         self
     }
 
-    /// How long rank 0 waits for every rank to join, and the others for admission
-    /// (default 60 s).
+    /// How long rank 0 waits for every rank to join, and the others for admission (default
+    /// [`DEFAULT_JOIN_TIMEOUT`]; environment: [`env::JOIN_TIMEOUT`]).
     pub fn join_timeout(mut self, d: Duration) -> Self {
         self.join_timeout = Some(d);
+        self.env_errors.remove("join_timeout");
         self
     }
 
@@ -187,16 +279,19 @@ impl TcpConfigBuilder {
         self
     }
 
-    /// Tree fan-out: each rank forwards a round to at most `k` others (rank 0 to ranks
-    /// 1..=k, rank r to ranks k*r+1..=k*r+k), so no socket serves the whole group. The
-    /// default is a star from rank 0. Every rank of a group must use the same value.
+    /// Tree fan-out (environment: [`env::FAN_OUT`]): each rank forwards a round to at most
+    /// `k` others (rank 0 to ranks 1..=k, rank r to ranks k*r+1..=k*r+k), so no socket
+    /// serves the whole group. The default is a star from rank 0. Every rank of a group
+    /// must use the same value.
     pub fn fan_out(mut self, k: usize) -> Self {
         self.fan_out = Some(k);
+        self.env_errors.remove("fan_out");
         self
     }
 
-    /// The host other ranks reach this rank at (tree fan-out: ranks with children listen
-    /// for them). Defaults to the rendezvous host when that is a loopback address.
+    /// The host other ranks reach this rank at (environment: [`env::HOST`]; tree fan-out:
+    /// ranks with children listen for them). Defaults to the rendezvous host when that is a
+    /// loopback address.
     pub fn advertise_host(mut self, host: impl Into<String>) -> Self {
         self.advertise_host = Some(host.into());
         self
@@ -205,39 +300,60 @@ impl TcpConfigBuilder {
     /// The configuration.
     ///
     /// # Errors
-    /// [`Error::Config`] for a missing field, a rank not below the world size, a short key,
-    /// or an address that is not `host:port`.
+    /// [`Error::Config`] for a missing field or a malformed environment variable (named), a
+    /// rank not below the world size, a world over [`MAX_WORLD`], a short key, an address
+    /// that is not `host:port`, or a timeout that is zero or over
+    /// [`lens_core::MAX_TIMEOUT`].
     pub fn build(self) -> Result<TcpConfig> {
+        if let Some((_, e)) = self.env_errors.into_iter().next() {
+            return Err(e);
+        }
         let world_size = self
             .world_size
-            .ok_or_else(|| Error::config("world size is required"))?;
-        let rank = self.rank.ok_or_else(|| Error::config("rank is required"))?;
-        if world_size == 0 || rank >= world_size || world_size > u32::MAX as usize {
+            .ok_or_else(|| Error::config("world size is required (WORLD_SIZE or world_size)"))?;
+        let rank = self
+            .rank
+            .ok_or_else(|| Error::config("rank is required (RANK or rank)"))?;
+        if world_size == 0 || rank >= world_size {
             return Err(Error::config(format!(
                 "rank {rank} of {world_size} is not a valid place"
             )));
         }
-        let addr = self
-            .addr
-            .ok_or_else(|| Error::config("rendezvous address is required"))?;
+        if world_size > MAX_WORLD {
+            return Err(Error::config(format!(
+                "a world of {world_size} ranks is over the largest TCP group supported ({MAX_WORLD})"
+            )));
+        }
+        let addr = self.addr.ok_or_else(|| {
+            Error::config(format!(
+                "rendezvous address is required: set {} (host:port), or {} and {}",
+                env::ADDR,
+                env::MASTER_ADDR,
+                env::MASTER_PORT
+            ))
+        })?;
         match addr.rsplit_once(':') {
             Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
             _ => return Err(Error::config(format!("address {addr:?} is not host:port"))),
         }
-        let key = self
-            .key
-            .ok_or_else(|| Error::config("a job key is required"))?;
+        let key = self.key.ok_or_else(|| {
+            Error::config(format!(
+                "a job key is required: set {} or {}",
+                env::KEY,
+                env::KEY_FILE
+            ))
+        })?;
         if key.len() < MIN_KEY_LEN {
             return Err(Error::config(format!(
                 "the job key has {} bytes; at least {MIN_KEY_LEN} are required",
                 key.len()
             )));
         }
-        let timeout = self.timeout.unwrap_or(Duration::from_secs(30));
-        let join_timeout = self.join_timeout.unwrap_or(Duration::from_secs(60));
-        if timeout.is_zero() || join_timeout.is_zero() {
-            return Err(Error::config("timeouts must be positive"));
-        }
+        let timeout = check_timeout("the TCP timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+        let join_timeout = check_timeout(
+            "the TCP join timeout",
+            self.join_timeout.unwrap_or(DEFAULT_JOIN_TIMEOUT),
+        )?;
         if self.fan_out == Some(0) {
             return Err(Error::config("fan-out must be at least 1"));
         }

@@ -1,58 +1,94 @@
-//! The wire frame: a fixed header, the payload, and an HMAC-SHA256 tag over both.
+//! The wire: frames, their payload layouts, and how frames travel on a TCP byte stream.
+//!
+//! On a connection every frame is preceded by its length (u32 LE). A frame is a fixed
+//! header, a payload, and an HMAC-SHA256 tag over both:
 //!
 //! ```text
-//! 0..4   magic "LNS1"      17..25 round (u64 LE)
+//! 0..4   magic "LNS2"      17..25 round (u64 LE)
 //! 4      kind              25..29 root (u32 LE)
 //! 5..9   sender (u32 LE)   29..33 payload length (u32 LE)
 //! 9..17  session (u64 LE)  33..   payload, then 32 bytes of HMAC-SHA256(key, all before)
 //! ```
+//!
+//! Payloads (all integers little-endian; a nonce is 16 random bytes):
+//!
+//! | kind | payload |
+//! |---|---|
+//! | KNOCK | world size (u32), the joiner's nonce |
+//! | CHALLENGE | the joiner's nonce (echoed), the server's nonce |
+//! | HELLO | world size (u32), the server's nonce (echoed), endpoint length (u16), endpoint |
+//! | WELCOME | the joiner's nonce, then per rank: endpoint length (u16), endpoint (empty after formation) |
+//! | REJECT | the joiner's nonce, the reason (UTF-8) |
+//! | DATA | the round's payload |
+//! | ACK, FAIL | ranks (u32 each): missing below the sender / missing in the round |
+//! | JOIN FAIL | the joiner's nonce, then the ranks that never joined (u32 each) |
+//! | DONE, REAUTH | empty |
+//! | KEY MISMATCH | empty, and its tag is not checked: a hint to a peer whose key differs |
+//!
+//! Checks run cheapest first (length, magic, kind, what the connection may send) so a
+//! stranger's bytes cost no HMAC unless they look like a frame this connection may send.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub(crate) const MAGIC: &[u8; 4] = b"LNS1";
+pub(crate) const MAGIC: &[u8; 4] = b"LNS2";
 pub(crate) const HEADER: usize = 33;
 pub(crate) const TAG: usize = 32;
+/// The length prefix before each frame on a connection.
+pub(crate) const PREFIX: usize = 4;
+pub(crate) const NONCE: usize = 16;
+/// Longest endpoint a rank may announce for its tree children.
+pub(crate) const MAX_ENDPOINT: usize = 255;
+/// Largest frame a connection may send before it proves the key: a KNOCK or a HELLO.
+pub(crate) const JOIN_FRAME_MAX: usize = HEADER + 4 + NONCE + 2 + MAX_ENDPOINT + TAG;
+
+pub(crate) type Nonce = [u8; NONCE];
 
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// A rank joins: payload = world size (u32) + rank 0's challenge (16 bytes) + the
-    /// address this rank listens on for tree children (may be empty).
-    Hello = 1,
-    /// The hub admits every rank at once; `session` names the job's session.
-    Welcome = 2,
-    /// The hub turns a joiner away; payload = reason (UTF-8).
-    Reject = 3,
-    /// A round's payload from its root.
-    Data = 4,
+    /// A joiner asks for a challenge.
+    Knock = 1,
+    /// The server's answer to a KNOCK: proves it holds the key and is live.
+    Challenge = 2,
+    /// The joiner's answer to a CHALLENGE: proves it holds the key and is live.
+    Hello = 3,
+    /// Rank 0 admits a joiner (at formation: with the tree's endpoints and the session).
+    Welcome = 4,
+    /// The server turns a joiner away.
+    Reject = 5,
+    /// A round's payload.
+    Data = 6,
     /// A rank received a round.
-    Ack = 5,
-    /// Every rank received the round (hub to root).
-    Done = 6,
-    /// The round failed; payload = the missing ranks (u32 LE each).
-    Fail = 7,
-    /// A rank joins its tree parent (tree fan-out only).
-    Join = 8,
-    /// A rank asks rank 0 for a challenge; payload = world size (u32).
-    Knock = 9,
-    /// Rank 0's fresh nonce (16 bytes), which the HELLO must carry back.
-    Challenge = 10,
+    Ack = 7,
+    /// Every rank received the round (rank 0 to the root).
+    Done = 8,
+    /// The round failed.
+    Fail = 9,
+    /// Rank 0 gave up forming the group.
+    JoinFail = 10,
+    /// The server saw a frame of this session on a connection that has not proven the key
+    /// (the peer reconnected): join again.
+    Reauth = 11,
+    /// Unsigned hint: a KNOCK failed authentication here.
+    KeyMismatch = 12,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
         Some(match b {
-            1 => Kind::Hello,
-            2 => Kind::Welcome,
-            3 => Kind::Reject,
-            4 => Kind::Data,
-            5 => Kind::Ack,
-            6 => Kind::Done,
-            7 => Kind::Fail,
-            8 => Kind::Join,
-            9 => Kind::Knock,
-            10 => Kind::Challenge,
+            1 => Kind::Knock,
+            2 => Kind::Challenge,
+            3 => Kind::Hello,
+            4 => Kind::Welcome,
+            5 => Kind::Reject,
+            6 => Kind::Data,
+            7 => Kind::Ack,
+            8 => Kind::Done,
+            9 => Kind::Fail,
+            10 => Kind::JoinFail,
+            11 => Kind::Reauth,
+            12 => Kind::KeyMismatch,
             _ => return None,
         })
     }
@@ -72,19 +108,23 @@ pub(crate) struct Frame {
 /// Why a frame was dropped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reject {
-    /// Shorter than a header and a tag, or its length field disagrees with its size.
+    /// Too short, a bad magic or kind, or a length field that disagrees with its size.
     Malformed(&'static str),
+    /// A kind this connection may not send (yet).
+    NotAllowed(Kind),
     /// The tag does not match: no key, a wrong key, or altered bytes.
-    BadTag,
+    BadTag(Kind),
 }
 
 impl std::fmt::Display for Reject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Reject::Malformed(why) => write!(f, "malformed frame: {why}"),
-            Reject::BadTag => {
-                f.write_str("authentication tag does not match (no key or a wrong key)")
-            }
+            Reject::NotAllowed(kind) => write!(f, "a {kind:?} frame is not allowed here"),
+            Reject::BadTag(kind) => write!(
+                f,
+                "authentication tag of a {kind:?} frame does not match (no key or a wrong key)"
+            ),
         }
     }
 }
@@ -102,6 +142,8 @@ impl Codec {
         Ok(Codec { mac })
     }
 
+    /// A frame with its length prefix, ready for the stream. Payloads are bounded by the
+    /// configuration (far below 4 GiB), so the length fields cannot overflow.
     pub(crate) fn encode(
         &self,
         kind: Kind,
@@ -111,54 +153,242 @@ impl Codec {
         root: u32,
         payload: &[u8],
     ) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + payload.len() + TAG);
+        let len = HEADER + payload.len() + TAG;
+        let mut out = Vec::with_capacity(PREFIX + len);
+        out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(MAGIC);
         out.push(kind as u8);
         out.extend_from_slice(&sender.to_le_bytes());
         out.extend_from_slice(&session.to_le_bytes());
         out.extend_from_slice(&round.to_le_bytes());
         out.extend_from_slice(&root.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(
+            &u32::try_from(payload.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
         out.extend_from_slice(payload);
-        let mut mac = self.mac.clone();
-        mac.update(&out);
-        out.extend_from_slice(&mac.finalize().into_bytes());
+        if kind == Kind::KeyMismatch {
+            out.extend_from_slice(&[0; TAG]);
+        } else {
+            let mut mac = self.mac.clone();
+            mac.update(&out[PREFIX..]);
+            out.extend_from_slice(&mac.finalize().into_bytes());
+        }
         out
     }
 
-    pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Frame, Reject> {
+    /// The kind of a frame (without its prefix), from its header alone: no tag check.
+    pub(crate) fn peek(bytes: &[u8]) -> Result<Kind, Reject> {
         if bytes.len() < HEADER + TAG {
             return Err(Reject::Malformed("too short"));
         }
-        let (body, tag) = bytes.split_at(bytes.len() - TAG);
-        // Check the tag before reading any field: unauthenticated bytes are not parsed.
-        let mut mac = self.mac.clone();
-        mac.update(body);
-        mac.verify_slice(tag).map_err(|_| Reject::BadTag)?;
-        if &body[..4] != MAGIC {
+        if &bytes[..4] != MAGIC {
             return Err(Reject::Malformed("bad magic"));
         }
-        let kind = Kind::from_u8(body[4]).ok_or(Reject::Malformed("unknown kind"))?;
-        let u32_at =
-            |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&body[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let len = u32_at(29) as usize;
-        if len != body.len() - HEADER {
+        let kind = Kind::from_u8(bytes[4]).ok_or(Reject::Malformed("unknown kind"))?;
+        if u32_at(bytes, 29) as usize != bytes.len() - HEADER - TAG {
             return Err(Reject::Malformed(
                 "length field disagrees with the frame size",
             ));
         }
+        Ok(kind)
+    }
+
+    /// Checks a frame (without its prefix): cheap checks first, then `allowed(kind)`, then
+    /// the tag.
+    pub(crate) fn decode(
+        &self,
+        bytes: &[u8],
+        allowed: impl Fn(Kind) -> bool,
+    ) -> Result<Frame, Reject> {
+        let kind = Self::peek(bytes)?;
+        if !allowed(kind) || kind == Kind::KeyMismatch {
+            return Err(Reject::NotAllowed(kind));
+        }
+        let (body, tag) = bytes.split_at(bytes.len() - TAG);
+        let mut mac = self.mac.clone();
+        mac.update(body);
+        mac.verify_slice(tag).map_err(|_| Reject::BadTag(kind))?;
         Ok(Frame {
             kind,
-            sender: u32_at(5),
-            session: u64_at(9),
-            round: u64_at(17),
-            root: u32_at(25),
+            sender: u32_at(body, 5),
+            session: u64_at(body, 9),
+            round: u64_at(body, 17),
+            root: u32_at(body, 25),
             payload: body[HEADER..].to_vec(),
+        })
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+/// Reassembles length-prefixed frames from the chunks a stream delivers.
+#[derive(Debug, Default)]
+pub(crate) struct Reassembler {
+    buf: Vec<u8>,
+}
+
+/// A reason to give up on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooLarge {
+    pub len: usize,
+    pub limit: usize,
+}
+
+impl Reassembler {
+    pub(crate) fn reset(&mut self) {
+        self.buf = Vec::new();
+    }
+
+    /// Appends `chunk` and returns the complete frames (prefixes removed). A length over
+    /// `limit` is refused before its bytes are kept.
+    pub(crate) fn push(&mut self, chunk: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, TooLarge> {
+        self.buf.extend_from_slice(chunk);
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while self.buf.len() - at >= PREFIX {
+            let len = u32_at(&self.buf, at) as usize;
+            if len > limit {
+                self.reset();
+                return Err(TooLarge { len, limit });
+            }
+            if self.buf.len() - at - PREFIX < len {
+                break;
+            }
+            frames.push(self.buf[at + PREFIX..at + PREFIX + len].to_vec());
+            at += PREFIX + len;
+        }
+        self.buf.drain(..at);
+        Ok(frames)
+    }
+
+    /// Bytes held for an incomplete frame.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// Payload layouts.
+pub(crate) mod payload {
+    use super::{MAX_ENDPOINT, NONCE, Nonce};
+
+    fn nonce_at(p: &[u8], at: usize) -> Option<Nonce> {
+        p.get(at..at + NONCE)?.try_into().ok()
+    }
+
+    fn u32_at(p: &[u8], at: usize) -> Option<u32> {
+        Some(u32::from_le_bytes(p.get(at..at + 4)?.try_into().ok()?))
+    }
+
+    pub(crate) fn knock(world: u32, nonce: &Nonce) -> Vec<u8> {
+        let mut p = world.to_le_bytes().to_vec();
+        p.extend_from_slice(nonce);
+        p
+    }
+
+    /// (world size, joiner's nonce)
+    pub(crate) fn read_knock(p: &[u8]) -> Option<(u32, Nonce)> {
+        (p.len() == 4 + NONCE).then_some(())?;
+        Some((u32_at(p, 0)?, nonce_at(p, 4)?))
+    }
+
+    pub(crate) fn challenge(joiner: &Nonce, server: &Nonce) -> Vec<u8> {
+        [&joiner[..], &server[..]].concat()
+    }
+
+    /// (joiner's nonce, server's nonce)
+    pub(crate) fn read_challenge(p: &[u8]) -> Option<(Nonce, Nonce)> {
+        (p.len() == 2 * NONCE).then_some(())?;
+        Some((nonce_at(p, 0)?, nonce_at(p, NONCE)?))
+    }
+
+    /// `endpoint` is at most [`MAX_ENDPOINT`] bytes (checked when the endpoint is made).
+    pub(crate) fn hello(world: u32, server: &Nonce, endpoint: &str) -> Vec<u8> {
+        let mut p = world.to_le_bytes().to_vec();
+        p.extend_from_slice(server);
+        push_str(&mut p, endpoint);
+        p
+    }
+
+    /// (world size, server's nonce, endpoint)
+    pub(crate) fn read_hello(p: &[u8]) -> Option<(u32, Nonce, String)> {
+        let world = u32_at(p, 0)?;
+        let nonce = nonce_at(p, 4)?;
+        let (endpoint, end) = read_str(p, 4 + NONCE)?;
+        (end == p.len()).then_some((world, nonce, endpoint))
+    }
+
+    fn push_str(p: &mut Vec<u8>, s: &str) {
+        let s = &s.as_bytes()[..s.len().min(MAX_ENDPOINT)];
+        p.extend_from_slice(&u16::try_from(s.len()).unwrap_or(0).to_le_bytes());
+        p.extend_from_slice(s);
+    }
+
+    fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
+        let len = usize::from(u16::from_le_bytes(p.get(at..at + 2)?.try_into().ok()?));
+        if len > MAX_ENDPOINT {
+            return None;
+        }
+        let s = p.get(at + 2..at + 2 + len)?;
+        Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
+    }
+
+    /// The joiner's nonce, then the endpoint table (may be empty).
+    pub(crate) fn welcome(joiner: &Nonce, endpoints: &[String]) -> Vec<u8> {
+        let mut p = joiner.to_vec();
+        for e in endpoints {
+            push_str(&mut p, e);
+        }
+        p
+    }
+
+    /// (joiner's nonce, endpoints); the table is empty or has `n` entries.
+    pub(crate) fn read_welcome(p: &[u8], n: usize) -> Option<(Nonce, Vec<String>)> {
+        let nonce = nonce_at(p, 0)?;
+        let mut at = NONCE;
+        let mut table = Vec::new();
+        while at < p.len() && table.len() < n {
+            let (s, end) = read_str(p, at)?;
+            table.push(s);
+            at = end;
+        }
+        (at == p.len() && (table.is_empty() || table.len() == n)).then_some((nonce, table))
+    }
+
+    /// A nonce followed by text (REJECT) or by ranks (JOIN FAIL).
+    pub(crate) fn tagged(joiner: &Nonce, rest: &[u8]) -> Vec<u8> {
+        [&joiner[..], rest].concat()
+    }
+
+    pub(crate) fn read_tagged(p: &[u8]) -> Option<(Nonce, &[u8])> {
+        Some((nonce_at(p, 0)?, p.get(NONCE..)?))
+    }
+
+    /// Ranks as u32 each. Ranks are below the world size, which the configuration keeps
+    /// within u32.
+    pub(crate) fn ranks(ranks: &[usize]) -> Vec<u8> {
+        ranks
+            .iter()
+            .flat_map(|&r| u32::try_from(r).unwrap_or(u32::MAX).to_le_bytes())
+            .collect()
+    }
+
+    /// Ranks as u32 each; `None` when the length is not a multiple of four.
+    pub(crate) fn read_ranks(p: &[u8]) -> Option<Vec<usize>> {
+        (p.len() % 4 == 0).then(|| {
+            p.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+                .collect()
         })
     }
 }
@@ -168,29 +398,56 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    const KEY: &[u8] = b"property test key";
+
+    fn strip(bytes: &[u8]) -> &[u8] {
+        &bytes[PREFIX..]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
         /// Any bytes: decoding never panics, and without the key nothing is accepted.
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let codec = Codec::new(b"property test key").expect("key");
-            prop_assert!(codec.decode(&bytes).is_err());
+            let codec = Codec::new(KEY).expect("key");
+            prop_assert!(codec.decode(&bytes, |_| true).is_err());
         }
 
         /// Every field survives encode then decode; any single changed byte is rejected.
         #[test]
-        fn round_trip_and_tamper(kind in 1u8..=10, sender: u32, session: u64, round: u64, root: u32,
+        fn round_trip_and_tamper(kind in 1u8..=11, sender: u32, session: u64, round: u64, root: u32,
                                  payload in proptest::collection::vec(any::<u8>(), 0..300), flip: usize) {
-            let codec = Codec::new(b"property test key").expect("key");
+            let codec = Codec::new(KEY).expect("key");
             let kind = Kind::from_u8(kind).expect("kind");
             let bytes = codec.encode(kind, sender, session, round, root, &payload);
-            let f = codec.decode(&bytes).expect("decodes");
+            let f = codec.decode(strip(&bytes), |_| true).expect("decodes");
             prop_assert_eq!((f.kind, f.sender, f.session, f.round, f.root, &f.payload), (kind, sender, session, round, root, &payload));
-            let mut tampered = bytes.clone();
+            let mut tampered = strip(&bytes).to_vec();
             let at = flip % tampered.len();
             tampered[at] ^= 0x01;
-            prop_assert!(codec.decode(&tampered).is_err());
+            prop_assert!(codec.decode(&tampered, |_| true).is_err());
+        }
+
+        /// Frames cut into any chunks come out whole and in order.
+        #[test]
+        fn reassembly_of_any_chunking(sizes in proptest::collection::vec(0usize..400, 1..6),
+                                      cut in proptest::collection::vec(1usize..97, 1..40)) {
+            let codec = Codec::new(KEY).expect("key");
+            let frames: Vec<Vec<u8>> = sizes.iter().map(|&s| codec.encode(Kind::Data, 1, 2, 3, 0, &vec![7; s])).collect();
+            let stream = frames.concat();
+            let mut r = Reassembler::default();
+            let mut got = Vec::new();
+            let (mut at, mut i) = (0, 0);
+            while at < stream.len() {
+                let end = (at + cut[i % cut.len()]).min(stream.len());
+                got.extend(r.push(&stream[at..end], 1 << 20).expect("within the limit"));
+                at = end;
+                i += 1;
+            }
+            prop_assert_eq!(r.held(), 0);
+            let want: Vec<Vec<u8>> = frames.iter().map(|f| strip(f).to_vec()).collect();
+            prop_assert_eq!(got, want);
         }
     }
 
@@ -198,28 +455,85 @@ mod tests {
     fn frame_table() {
         let codec = Codec::new(b"job key").expect("key");
         let other = Codec::new(b"other key").expect("key");
-        let good = codec.encode(Kind::Data, 3, 77, 9, 3, b"payload");
+        let good = strip(&codec.encode(Kind::Data, 3, 77, 9, 3, b"payload")).to_vec();
         let mut flipped = good.clone();
         flipped[20] ^= 1;
-        let mut bad_len = good.clone();
-        bad_len.truncate(good.len() - 1);
-        let rows: Vec<(&str, Vec<u8>, Result<(), Reject>)> = vec![
-            ("well-formed", good.clone(), Ok(())),
-            ("empty", vec![], Err(Reject::Malformed("too short"))),
-            ("garbage", vec![0xab; 100], Err(Reject::BadTag)),
+        let mut short = good.clone();
+        short.truncate(good.len() - 1);
+        let mut magic = good.clone();
+        magic[0] = b'X';
+        let mut kind = good.clone();
+        kind[4] = 200;
+        let hint = strip(&codec.encode(Kind::KeyMismatch, 0, 0, 0, 0, &[])).to_vec();
+        let knock = strip(&other.encode(Kind::Knock, 1, 0, 0, 0, &[0; 20])).to_vec();
+        let only_joins = |k: Kind| matches!(k, Kind::Knock | Kind::Hello);
+        let rows: Vec<(&str, Vec<u8>, bool, Result<(), Reject>)> = vec![
+            ("well-formed", good.clone(), false, Ok(())),
+            ("empty", vec![], false, Err(Reject::Malformed("too short"))),
+            (
+                "garbage",
+                vec![0xab; 100],
+                false,
+                Err(Reject::Malformed("bad magic")),
+            ),
+            (
+                "unknown kind",
+                kind,
+                false,
+                Err(Reject::Malformed("unknown kind")),
+            ),
+            (
+                "bad magic",
+                magic,
+                false,
+                Err(Reject::Malformed("bad magic")),
+            ),
             (
                 "wrong key",
-                other.encode(Kind::Data, 3, 77, 9, 3, b"payload"),
-                Err(Reject::BadTag),
+                strip(&other.encode(Kind::Data, 3, 77, 9, 3, b"payload")).to_vec(),
+                false,
+                Err(Reject::BadTag(Kind::Data)),
             ),
-            ("one bit flipped", flipped, Err(Reject::BadTag)),
-            ("truncated", bad_len, Err(Reject::BadTag)),
+            (
+                "one bit flipped",
+                flipped,
+                false,
+                Err(Reject::BadTag(Kind::Data)),
+            ),
+            (
+                "truncated",
+                short,
+                false,
+                Err(Reject::Malformed(
+                    "length field disagrees with the frame size",
+                )),
+            ),
+            (
+                "data before the key is proven",
+                good.clone(),
+                true,
+                Err(Reject::NotAllowed(Kind::Data)),
+            ),
+            (
+                "a knock with a wrong key",
+                knock,
+                true,
+                Err(Reject::BadTag(Kind::Knock)),
+            ),
+            (
+                "the unsigned hint is never a frame",
+                hint,
+                false,
+                Err(Reject::NotAllowed(Kind::KeyMismatch)),
+            ),
         ];
-        for (why, bytes, want) in rows {
-            let got = codec.decode(&bytes).map(|_| ());
+        for (why, bytes, joining, want) in rows {
+            let got = codec
+                .decode(&bytes, |k| !joining || only_joins(k))
+                .map(|_| ());
             assert_eq!(got, want, "{why}");
         }
-        let f = codec.decode(&good).expect("decodes");
+        let f = codec.decode(&good, |_| true).expect("decodes");
         assert_eq!(
             (
                 f.kind,
@@ -231,5 +545,75 @@ mod tests {
             ),
             (Kind::Data, 3, 77, 9, 3, &b"payload"[..])
         );
+    }
+
+    #[test]
+    fn payload_table() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(payload::read_knock(&payload::knock(7, &a)), Some((7, a)));
+        assert_eq!(
+            payload::read_challenge(&payload::challenge(&a, &b)),
+            Some((a, b))
+        );
+        assert_eq!(
+            payload::read_hello(&payload::hello(3, &b, "tcp://h:1")),
+            Some((3, b, "tcp://h:1".to_owned()))
+        );
+        let table = vec![String::new(), "tcp://x:9".to_owned(), String::new()];
+        assert_eq!(
+            payload::read_welcome(&payload::welcome(&a, &table), 3),
+            Some((a, table.clone()))
+        );
+        assert_eq!(
+            payload::read_welcome(&payload::welcome(&a, &[]), 3),
+            Some((a, vec![]))
+        );
+        assert_eq!(
+            payload::read_ranks(&payload::ranks(&[1, 5])),
+            Some(vec![1, 5])
+        );
+        let rows: Vec<(&str, Option<()>)> = vec![
+            ("knock too short", payload::read_knock(&[0; 19]).map(|_| ())),
+            ("knock too long", payload::read_knock(&[0; 21]).map(|_| ())),
+            (
+                "challenge short",
+                payload::read_challenge(&[0; 31]).map(|_| ()),
+            ),
+            (
+                "hello cut",
+                payload::read_hello(&payload::hello(3, &b, "abc")[..22]).map(|_| ()),
+            ),
+            (
+                "welcome with 2 of 3 entries",
+                payload::read_welcome(&payload::welcome(&a, &table[..2]), 3).map(|_| ()),
+            ),
+            (
+                "ranks not a multiple of 4",
+                payload::read_ranks(&[0; 5]).map(|_| ()),
+            ),
+            (
+                "tagged too short",
+                payload::read_tagged(&[0; 15]).map(|_| ()),
+            ),
+        ];
+        for (why, got) in rows {
+            assert_eq!(got, None, "{why}");
+        }
+    }
+
+    #[test]
+    fn reassembler_refuses_an_oversized_length_before_keeping_it() {
+        let mut r = Reassembler::default();
+        let err = r
+            .push(&(1u32 << 30).to_le_bytes(), 1000)
+            .expect_err("too large");
+        assert_eq!(
+            err,
+            TooLarge {
+                len: 1 << 30,
+                limit: 1000
+            }
+        );
+        assert_eq!(r.held(), 0);
     }
 }

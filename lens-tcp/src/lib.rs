@@ -21,18 +21,25 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod broadcaster;
 mod config;
 mod frame;
 mod group;
+mod key;
+mod net;
+mod round;
+mod tree;
 
-pub use config::{MIN_KEY_LEN, TcpConfig, TcpConfigBuilder};
-pub use group::{Rendezvous, TcpBroadcaster};
+pub use broadcaster::{Rendezvous, TcpBroadcaster};
+pub use config::{
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig, TcpConfigBuilder, env,
+};
 
 /// For the fuzz target: whether the frame decoder accepts `bytes` under `key`.
 #[doc(hidden)]
 pub mod fuzzing {
     /// True when `bytes` decode as a frame authenticated with `key`.
     pub fn accepts(key: &[u8], bytes: &[u8]) -> bool {
-        crate::frame::Codec::new(key).is_ok_and(|c| c.decode(bytes).is_ok())
+        crate::frame::Codec::new(key).is_ok_and(|c| c.decode(bytes, |_| true).is_ok())
     }
 }

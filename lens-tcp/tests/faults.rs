@@ -80,9 +80,9 @@ fn rank_that_never_joins_is_named() {
             Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
             other => panic!("expected a timeout naming rank 2, got {other:?}"),
         }
-        // Rank 1 is never admitted and gives up at its own deadline, naming rank 0.
+        // Rank 1 waits for rank 2 too: rank 0 tells it who is missing.
         match one.join().expect("thread") {
-            Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![0]),
+            Err(Error::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
             other => panic!("rank 1: expected a timeout, got {other:?}"),
         }
     });

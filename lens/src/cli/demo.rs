@@ -18,16 +18,16 @@ pub const STAGE_SPAN: &str = "pp.recv_forward.linked";
 /// Step attribute.
 pub const STEP_KEY: &str = "nv.dl.step";
 
+/// A deadline given in seconds on the command line: positive and at most
+/// [`lens::MAX_TIMEOUT`] (a larger one would overflow the clock).
+pub fn secs_arg(name: &str, secs: f64) -> Result<Duration, String> {
+    let d = Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{name} {secs} is not a positive number of seconds"))?;
+    lens::check_timeout(name, d).map_err(|e| e.to_string())
+}
+
 pub fn run(args: &DemoArgs) -> Result<(), String> {
-    let timeout = Duration::try_from_secs_f64(args.timeout)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            format!(
-                "--timeout {} is not a positive number of seconds",
-                args.timeout
-            )
-        })?;
+    let timeout = secs_arg("--timeout", args.timeout)?;
     match (args.backend, args.rank) {
         (BackendArg::Local, None) => run_local(args, timeout),
         (BackendArg::Local, Some(_)) => {

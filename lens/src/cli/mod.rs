@@ -95,8 +95,9 @@ pub struct DemoArgs {
     /// Print no terminal view, only the verdict.
     #[arg(long)]
     quiet: bool,
-    /// Run only this rank of a multi-process job (with --backend tcp or nccl, --world,
-    /// --addr; the key comes from LENS_TCP_KEY).
+    /// Run only this rank of a multi-process job (with --backend tcp or nccl). World size,
+    /// address and key come from --world, --addr and the environment (WORLD_SIZE,
+    /// MASTER_ADDR/MASTER_PORT or LENS_TCP_ADDR, LENS_TCP_KEY_FILE or LENS_TCP_KEY).
     #[arg(long)]
     rank: Option<u32>,
     /// Number of ranks of the multi-process job (with --rank).
@@ -105,9 +106,10 @@ pub struct DemoArgs {
     /// Rendezvous address HOST:PORT of the multi-process job (rank 0 binds it).
     #[arg(long)]
     addr: Option<String>,
-    /// How long ranks wait for the whole group to join, in seconds (with --rank).
-    #[arg(long, default_value_t = 60.0)]
-    join_timeout: f64,
+    /// How long ranks wait for the whole group to join, in seconds (with --rank; default
+    /// LENS_TCP_JOIN_TIMEOUT, else 60).
+    #[arg(long)]
+    join_timeout: Option<f64>,
     /// GPU of this rank with --backend nccl and --rank (default: LOCAL_RANK, else 0).
     #[arg(long)]
     device: Option<u32>,

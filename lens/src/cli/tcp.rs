@@ -6,7 +6,7 @@ use std::io::{BufRead as _, BufReader, Read as _};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lens::tcp::{TcpBroadcaster, TcpConfig};
+use lens::tcp::{TcpBroadcaster, TcpConfig, TcpConfigBuilder};
 use lens::{Carrier, blocking};
 use opentelemetry::Context;
 
@@ -16,8 +16,6 @@ use super::bench::{BLOCKS, WARMUP, print_header, print_pair, samples_from_ends, 
 use super::demo::{STAGE_SPAN, STEP_SPAN, finish, parent_of, run_one_rank};
 use super::record::{Job, SPAN_LINE, SpanRecord};
 use super::{BenchArgs, DemoArgs};
-
-const KEY_VAR: &str = "LENS_TCP_KEY";
 
 pub fn demo(args: &DemoArgs, rank: Option<u32>, timeout: Duration) -> Result<(), String> {
     if !args.inject.is_empty() {
@@ -49,29 +47,51 @@ fn random_hex(bytes: usize) -> Result<String, String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// One rank of a real (possibly multi-host) job.
+/// The job key of spawned ranks, in a file only this user can read (not in the
+/// environment, which child processes inherit); removed when dropped.
+struct KeyFile(std::path::PathBuf);
+
+impl KeyFile {
+    fn new(key: &str) -> Result<KeyFile, String> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = std::env::temp_dir().join(format!(
+            "lens-demo-{}-{}.key",
+            std::process::id(),
+            &key[..8]
+        ));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
+        f.write_all(key.as_bytes())
+            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
+        Ok(KeyFile(path))
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One rank of a real (possibly multi-host) job: the environment as torchrun sets it, with
+/// the command line on top.
 fn one_rank(args: &DemoArgs, rank: usize, timeout: Duration) -> Result<(), String> {
-    let world = args.world.ok_or("--rank needs --world N")? as usize;
-    let addr = args.addr.clone().ok_or("--rank needs --addr HOST:PORT")?;
-    let key = std::env::var(KEY_VAR).map_err(|_| format!("set {KEY_VAR} to the job's key"))?;
-    let join_timeout = Duration::try_from_secs_f64(args.join_timeout)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            format!(
-                "--join-timeout {} is not a positive number of seconds",
-                args.join_timeout
-            )
-        })?;
-    let config = TcpConfig::builder()
-        .rank(rank)
-        .world_size(world)
-        .addr(addr)
-        .key(key)
-        .timeout(timeout)
-        .join_timeout(join_timeout)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let mut builder = TcpConfigBuilder::from_env().rank(rank).timeout(timeout);
+    if let Some(world) = args.world {
+        builder = builder.world_size(world as usize);
+    }
+    if let Some(addr) = &args.addr {
+        builder = builder.addr(addr.clone());
+    }
+    if let Some(secs) = args.join_timeout {
+        builder = builder.join_timeout(super::demo::secs_arg("--join-timeout", secs)?);
+    }
+    let config = builder.build().map_err(|e| format!("rank {rank}: {e}"))?;
     let group = TcpBroadcaster::connect(config).map_err(|e| format!("rank {rank}: {e}"))?;
     let steps = args.steps as usize;
     let (outcome, spans) = run_rank_over(&group, args, rank, timeout)?;
@@ -183,7 +203,7 @@ fn spawn(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free loopback port: {e}"))?
         .port();
-    let key = random_hex(32)?;
+    let key = KeyFile::new(&random_hex(32)?)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let parent = match args.parent {
         super::ParentArg::Current => "current",
@@ -203,7 +223,8 @@ fn spawn(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
                 &steps.to_string(),
             ])
             .args(["--parent", parent, "--timeout", &args.timeout.to_string()])
-            .env(KEY_VAR, &key)
+            .env(lens::tcp::env::KEY_FILE, &key.0)
+            .env_remove(lens::tcp::env::KEY)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

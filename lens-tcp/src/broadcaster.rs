@@ -1,0 +1,495 @@
+//! [`TcpBroadcaster`]: start (bind or connect), the rendezvous, and the `Broadcaster` impl.
+
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
+
+use crate::config::TcpConfig;
+use crate::frame::{Codec, HEADER, Kind, MAX_ENDPOINT, TAG, payload};
+use crate::group::{Group, Input, nonce};
+use crate::net::{BACKEND, ConnId, Limits, Net, Side};
+use crate::tree::Tree;
+
+/// How long an accepted connection may take to prove the key before it is closed.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Accepted connections that have not proven the key; past this the oldest is closed.
+pub(crate) const MAX_UNPROVEN: usize = 64;
+/// Frames a connection may send before it proves the key (a KNOCK and a HELLO, with room
+/// for retries).
+const UNPROVEN_FRAMES: u32 = 16;
+/// Messages queued per connection and direction.
+const QUEUE: i32 = 64;
+/// A joiner knocks again this often while the server has not answered.
+const KNOCK_RETRY: Duration = Duration::from_secs(1);
+
+/// One rank of a group that broadcasts over ZeroMQ on TCP.
+///
+/// Rank 0 binds the rendezvous address; the others connect to it and may join in any order
+/// and at any time within the join timeout. Joining is a mutual challenge-response over
+/// the job key, and every frame is signed (HMAC-SHA256) and carries the session and round
+/// number, so frames from strangers, other jobs, earlier rounds or with a wrong key are
+/// dropped and never become a payload. Rounds go down a star from rank 0, or a tree of
+/// configurable arity ([`crate::TcpConfigBuilder::fan_out`]). See the crate docs for the
+/// threat model.
+///
+/// `broadcast` blocks the calling thread until its round completes or its deadline passes:
+/// with several ranks in one process give each its own thread (with
+/// [`lens_core::blocking`]) or a blocking task. A rank serves joins (a peer that
+/// reconnected, a duplicate) while it takes part in a collective.
+pub struct TcpBroadcaster {
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+    max_payload: usize,
+    group: Mutex<Group>,
+}
+
+impl std::fmt::Debug for TcpBroadcaster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpBroadcaster")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A TCP group in formation; see [`TcpBroadcaster::start`].
+pub struct Rendezvous {
+    group: Group,
+    config: TcpConfig,
+    local_addr: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for Rendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rendezvous")
+            .field("rank", &self.config.rank)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn split_host_port(addr: &str) -> Option<(&str, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((
+        host.trim_start_matches('[').trim_end_matches(']'),
+        port.parse().ok()?,
+    ))
+}
+
+/// Every address `host:port` resolves to (IPv4 and IPv6), in the resolver's order.
+pub(crate) fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
+    let (host, port) = split_host_port(addr)
+        .ok_or_else(|| Error::config(format!("address {addr:?} is not host:port")))?;
+    let mut out: Vec<SocketAddr> = Vec::new();
+    let found = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::transport(BACKEND, format!("cannot resolve {host}"), e))?;
+    for a in found {
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::config(format!("{host} resolves to no address")));
+    }
+    Ok(out)
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The largest frame a proven peer may send in a group of `n` with this tree.
+fn max_frame(config: &TcpConfig, tree: Tree) -> usize {
+    let n = config.world_size;
+    let interior = (0..n).filter(|&r| !tree.children(r).is_empty()).count();
+    let welcome = 16 + 2 * n + interior * MAX_ENDPOINT;
+    HEADER + TAG + config.max_payload.max(welcome).max(4 * n)
+}
+
+impl TcpBroadcaster {
+    /// Joins the group and waits until it is complete: [`TcpBroadcaster::start`] then
+    /// [`Rendezvous::finish`].
+    ///
+    /// # Errors
+    /// As those two.
+    pub fn connect(config: TcpConfig) -> Result<Self> {
+        Self::start(config)?.finish()
+    }
+
+    /// Binds (rank 0: every address the rendezvous host resolves to) or connects (other
+    /// ranks), without waiting for the group.
+    ///
+    /// # Errors
+    /// [`Error::Transport`] when the address cannot be resolved, bound or connected;
+    /// [`Error::Config`] when this rank has tree children and no address to offer them.
+    pub fn start(config: TcpConfig) -> Result<Rendezvous> {
+        let codec = Codec::new(&config.key)?;
+        let n = config.world_size;
+        let tree = Tree::new(n, config.fan_out);
+        let limits = Limits {
+            max_frame: max_frame(&config, tree),
+            handshake: HANDSHAKE_TIMEOUT,
+            max_unproven: MAX_UNPROVEN,
+            unproven_frames: UNPROVEN_FRAMES,
+            hwm: QUEUE,
+        };
+        let mut net = Net::new(codec, limits);
+        let rank = config.rank;
+        let addrs = resolve(&config.addr)?;
+        let mut local_addr = None;
+        let mut endpoint = String::new();
+        if rank == 0 {
+            local_addr = net.listen(&addrs)?.first().copied();
+        } else {
+            if !tree.children(rank).is_empty() {
+                // A rank with tree children listens for them on a port of its own.
+                let rendezvous_host = split_host_port(&config.addr).map_or("", |(h, _)| h);
+                let host = match &config.advertise_host {
+                    Some(h) => h.clone(),
+                    None if is_loopback(rendezvous_host) => rendezvous_host.to_owned(),
+                    None => {
+                        return Err(Error::config(format!(
+                            "rank {rank} forwards to tree children and needs an address they can reach: \
+                             set advertise_host (LENS_TCP_HOST)"
+                        )));
+                    }
+                };
+                let bind: Vec<SocketAddr> = if is_loopback(&host) {
+                    resolve(&format!("{host}:0"))?
+                } else {
+                    vec![SocketAddr::from(([0, 0, 0, 0], 0))]
+                };
+                let bound = net.listen(&bind)?;
+                let port = bound.first().map_or(0, SocketAddr::port);
+                endpoint = if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                if endpoint.len() > MAX_ENDPOINT {
+                    return Err(Error::config(format!(
+                        "the tree endpoint {endpoint:?} is over {MAX_ENDPOINT} bytes"
+                    )));
+                }
+            }
+            net.dial(Side::Hub, addrs[0])?;
+        }
+        Ok(Rendezvous {
+            group: Group::new(net, rank, n, tree, endpoint),
+            config,
+            local_addr,
+        })
+    }
+
+    fn group(&self) -> MutexGuard<'_, Group> {
+        self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Rendezvous {
+    /// Rank 0: the address it listens on (useful with port 0). `None` on other ranks.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// Waits until the whole group has joined.
+    ///
+    /// # Errors
+    /// - [`Error::Timeout`] naming the ranks that never joined (rank 0 tells the ranks
+    ///   already admitted, so they name the same ranks; a rank that hears nothing from
+    ///   rank 0 names rank 0);
+    /// - [`Error::Unauthenticated`] when rank 0 says this rank's key is not the group's,
+    ///   or (on rank 0) when the join failed and a peer with another key knocked;
+    /// - [`Error::Mismatch`] (rank 0) when the join failed and a rank disagreed about the
+    ///   world size or tried to join a group already formed;
+    /// - [`Error::Closed`] when rank 0 turned this rank away (with its reason), or a
+    ///   transport error.
+    pub fn finish(mut self) -> Result<TcpBroadcaster> {
+        let start = Instant::now();
+        let join = self.config.join_timeout;
+        let g = &mut self.group;
+        if g.n > 1 {
+            if g.is_hub() {
+                form_as_hub(g, start, join)?;
+            } else {
+                join_as_member(g, start, join)?;
+            }
+        }
+        tracing::debug!(rank = self.config.rank, world = g.n, "TCP group formed");
+        Ok(TcpBroadcaster {
+            rank: self.config.rank,
+            world_size: self.config.world_size,
+            timeout: self.config.timeout,
+            max_payload: self.config.max_payload,
+            group: Mutex::new(self.group),
+        })
+    }
+}
+
+fn missing_ranks(g: &Group) -> Vec<usize> {
+    (1..g.n).filter(|&r| g.peers[r].is_none()).collect()
+}
+
+/// Why a join failed, with what this rank saw meanwhile.
+fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+    if g.diag.notes.is_empty() {
+        return Error::Timeout {
+            after: start.elapsed(),
+            missing,
+        };
+    }
+    let reason = format!(
+        "rank(s) {missing:?} did not join within {:?}; meanwhile: {}",
+        start.elapsed(),
+        g.diag.notes.join("; ")
+    );
+    if g.diag.wrong_key {
+        Error::Unauthenticated { reason }
+    } else {
+        Error::Mismatch { reason }
+    }
+}
+
+fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+    let deadline = start + join;
+    loop {
+        let missing = missing_ranks(g);
+        if missing.is_empty() {
+            break;
+        }
+        if g.next(deadline)?.is_none() {
+            // Tell the ranks already admitted who is missing, then give up.
+            let list = payload::ranks(&missing);
+            for r in 1..g.n {
+                if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
+                    let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
+                    let _ = g.send(&conn, &fail);
+                }
+            }
+            return Err(join_error(g, start, missing));
+        }
+    }
+    let mut session = [0u8; 8];
+    session.copy_from_slice(&nonce()?[..8]);
+    // Zero means "no session yet".
+    g.session = u64::from_le_bytes(session) | 1;
+    let table = std::mem::take(&mut g.endpoints);
+    for r in 1..g.n {
+        let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
+            continue;
+        };
+        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &table));
+        if let Err(e) = g.send(&conn, &welcome) {
+            return Err(Error::Closed {
+                backend: BACKEND,
+                reason: format!("rank {r} left before the group formed ({e:?})"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Waits, knocking again every [`KNOCK_RETRY`] while `side` has not answered, until
+/// `done` says so. Join answers from `side` go to `answer`.
+fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+    // A little longer than rank 0, to hear rank 0 name the missing ranks.
+    let deadline = start + join + join / 4;
+    let hub = ConnId::outbound(Side::Hub);
+    let endpoints = loop {
+        match next_knocking(g, Side::Hub, deadline)? {
+            None => return Err(member_timeout(g, start, vec![0])),
+            Some(Input::KeyHint) => {
+                return Err(Error::Unauthenticated {
+                    reason: format!(
+                        "rank 0 ({}) answered that this rank's job key is not the group's: check LENS_TCP_KEY or LENS_TCP_KEY_FILE",
+                        g.net
+                            .addr(&hub)
+                            .unwrap_or_else(|| "the rendezvous address".into())
+                    ),
+                });
+            }
+            Some(Input::Frame(conn, f)) if conn.side == Side::Hub => {
+                let mine = |j: &[u8; 16]| Some(j) == g.knocked(Side::Hub);
+                match f.kind {
+                    Kind::Welcome => match payload::read_welcome(&f.payload, g.n) {
+                        Some((j, table)) if mine(&j) && f.session != 0 => {
+                            g.session = f.session;
+                            break table;
+                        }
+                        _ => tracing::warn!(
+                            "dropped a welcome that does not answer this rank's knock (replayed?)"
+                        ),
+                    },
+                    Kind::Reject => match payload::read_tagged(&f.payload) {
+                        Some((j, why)) if mine(&j) => {
+                            return Err(Error::Closed {
+                                backend: BACKEND,
+                                reason: format!(
+                                    "rank 0 turned this rank away: {}",
+                                    String::from_utf8_lossy(why)
+                                ),
+                            });
+                        }
+                        _ => tracing::warn!(
+                            "dropped a reject that does not answer this rank's knock"
+                        ),
+                    },
+                    Kind::JoinFail => match payload::read_tagged(&f.payload) {
+                        Some((j, list)) if mine(&j) => {
+                            return Err(Error::Timeout {
+                                after: start.elapsed(),
+                                missing: payload::read_ranks(list).unwrap_or_default(),
+                            });
+                        }
+                        _ => tracing::warn!(
+                            "dropped a join failure that does not answer this rank's knock"
+                        ),
+                    },
+                    _ => {}
+                }
+            }
+            Some(_) => {}
+        }
+    };
+    // Children that joined before this rank knew the session.
+    let session = g.session;
+    let early: Vec<usize> = g
+        .child_session
+        .iter()
+        .filter(|(_, s)| **s != session)
+        .map(|(c, _)| *c)
+        .collect();
+    for c in early {
+        tracing::warn!(rank = c, "dropped a child's join of another session");
+        if let Some(conn) = g.peers[c].take() {
+            g.net.close(&conn);
+        }
+        g.child_session.remove(&c);
+    }
+    // Join the tree parent when it is not rank 0 (rank 0's children use the star).
+    if let Some(p) = g.tree.parent(g.rank).filter(|&p| p != 0) {
+        let endpoint =
+            endpoints
+                .get(p)
+                .filter(|e| !e.is_empty())
+                .ok_or_else(|| Error::Corrupt {
+                    reason: format!("rank {p} announced no address for its tree children"),
+                })?;
+        let addr = *resolve(endpoint)?.first().ok_or_else(|| Error::Corrupt {
+            reason: format!("rank {p}'s address {endpoint} resolves to nothing"),
+        })?;
+        g.net.dial(Side::Parent, addr)?;
+        let parent = ConnId::outbound(Side::Parent);
+        while g.net.verified(&parent).is_none() {
+            match next_knocking(g, Side::Parent, deadline)? {
+                None => return Err(member_timeout(g, start, vec![p])),
+                Some(input) => keep_early_round(g, input),
+            }
+        }
+    }
+    // This rank's own tree children.
+    let kids: Vec<usize> = g.tree.children(g.rank).collect();
+    loop {
+        let missing: Vec<usize> = kids
+            .iter()
+            .copied()
+            .filter(|&c| g.peers[c].is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        match g.next(deadline)? {
+            None => return Err(member_timeout(g, start, missing)),
+            Some(input) => keep_early_round(g, input),
+        }
+    }
+}
+
+/// A round may start while this rank still waits for its tree parent or children: keep
+/// its frames for the round.
+fn keep_early_round(g: &mut Group, input: Input) {
+    if let Input::Frame(conn, f) = input {
+        if g.formed() && f.session == g.session && f.round > 0 {
+            g.pending.push_back((conn, f));
+        }
+    }
+}
+
+/// The next input, knocking at `side` again every [`KNOCK_RETRY`] while it has not proven
+/// itself (a lost knock, a server that came up late).
+fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<Input>> {
+    loop {
+        let retry = (Instant::now() + KNOCK_RETRY).min(deadline);
+        if let Some(input) = g.next(retry)? {
+            return Ok(Some(input));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        if g.net.verified(&ConnId::outbound(side)).is_none() {
+            g.knock(side)?;
+        }
+    }
+}
+
+fn member_timeout(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+    if g.diag.notes.is_empty() {
+        return Error::Timeout {
+            after: start.elapsed(),
+            missing,
+        };
+    }
+    Error::Closed {
+        backend: BACKEND,
+        reason: format!(
+            "could not join within {:?} (waiting for rank(s) {missing:?}): {}",
+            start.elapsed(),
+            g.diag.notes.join("; ")
+        ),
+    }
+}
+
+#[async_trait::async_trait]
+impl Broadcaster for TcpBroadcaster {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let payload = check_broadcast_args(self, root, payload)?;
+        if self.world_size == 1 {
+            return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
+        }
+        let mut g = self.group();
+        g.round += 1;
+        let result = g.run_round(root, payload, self.timeout);
+        if result.is_err() && self.rank != 0 {
+            // The connection may have been reset without libzmq saying so: prove the key
+            // again, so that the next round finds this rank (a no-op when nothing broke).
+            g.knock(Side::Hub)?;
+            if g.up_side() == Side::Parent {
+                g.knock(Side::Parent)?;
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+use super::*;
+
+const KEY: &[u8] = b"replay test key, long enough....";
+
+fn cfg(rank: usize, addr: &str) -> TcpConfig {
+    TcpConfig::builder()
+        .rank(rank)
+        .world_size(2)
+        .addr(addr)
+        .key(KEY)
+        .timeout(Duration::from_secs(2))
+        .join_timeout(Duration::from_secs(10))
+        .build()
+        .expect("config")
+}
+
+fn pair() -> (TcpBroadcaster, TcpBroadcaster) {
+    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("bind");
+    let addr = hub.local_addr().expect("addr").to_string();
+    let member = TcpBroadcaster::start(cfg(1, &addr)).expect("connect");
+    std::thread::scope(|s| {
+        let h = s.spawn(|| hub.finish());
+        let m = member.finish().expect("member");
+        (h.join().expect("thread").expect("hub"), m)
+    })
+}
+
+fn round(
+    hub: &TcpBroadcaster,
+    member: &TcpBroadcaster,
+    root: usize,
+    data: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| lens_core::blocking::broadcast(hub, root, (root == 0).then_some(data)));
+        let m = lens_core::blocking::broadcast(member, root, (root == 1).then_some(data))
+            .expect("member");
+        (h.join().expect("thread").expect("hub"), m)
+    })
+}
+
+/// Frames replayed on a live connection (an earlier round's data, a frame of another
+/// session) never become a payload.
+#[test]
+fn replayed_frames_are_dropped() {
+    let (hub, member) = pair();
+    for r in 0..3u8 {
+        assert_eq!(round(&hub, &member, 1, &[r; 8]), (vec![r; 8], vec![r; 8]));
+    }
+    {
+        let mut g = member.group();
+        let session = g.session;
+        let codec = g.net.codec().clone();
+        // Round 2's data again, word for word, and a frame of another session.
+        let old = codec.encode(Kind::Data, 1, session, 2, 1, &[2; 8]);
+        let other = codec.encode(Kind::Data, 1, session ^ 0xff, 4, 1, b"evil");
+        let hub_conn = ConnId::outbound(Side::Hub);
+        g.send(&hub_conn, &old).expect("send");
+        g.send(&hub_conn, &other).expect("send");
+    }
+    for r in 3..6u8 {
+        assert_eq!(
+            round(&hub, &member, 1, &[r; 8]),
+            (vec![r; 8], vec![r; 8]),
+            "round {r}"
+        );
+    }
+    assert_eq!(
+        round(&hub, &member, 0, b"from the hub"),
+        (b"from the hub".to_vec(), b"from the hub".to_vec())
+    );
+}
+
+/// Knocking again on a live connection (what a rank does after a failed round) is
+/// harmless: the rank is admitted again on the same connection and rounds go on.
+#[test]
+fn knocking_again_is_harmless() {
+    let (hub, member) = pair();
+    assert_eq!(
+        round(&hub, &member, 0, b"one"),
+        (b"one".to_vec(), b"one".to_vec())
+    );
+    member.group().knock(Side::Hub).expect("knock");
+    for r in 0..5u8 {
+        assert_eq!(
+            round(&hub, &member, usize::from(r % 2), &[r; 3]),
+            (vec![r; 3], vec![r; 3])
+        );
+    }
+}

@@ -1,0 +1,572 @@
+//! Connections: ZeroMQ STREAM sockets carrying length-prefixed frames, with limits for
+//! peers that have not proven the job key.
+//!
+//! Why STREAM and not ROUTER/DEALER: a ROUTER attaches a peer under the routing id the peer
+//! claims in its handshake, before any byte of lens is checked, and libzmq aborts the process
+//! when a peer without an id is given an automatic id that another peer already claimed
+//! (the counter starts at an unseeded `rand()`). A STREAM socket names every connection
+//! itself, never reads an id from the peer, reports connections opening and closing, and
+//! lets lens close any one of them. So every rank has at most three sockets: one listening
+//! (rank 0's rendezvous, or a rank's port for its tree children) and one connection each
+//! to rank 0 and to its tree parent.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use lens_core::{Error, Result};
+
+use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Nonce, Reassembler, Reject};
+
+pub(crate) const BACKEND: &str = "tcp";
+
+pub(crate) fn zmq_err(what: &str) -> impl FnOnce(zmq::Error) -> Error + '_ {
+    move |e| Error::transport(BACKEND, what.to_owned(), e)
+}
+
+/// Which socket a connection lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Side {
+    /// Accepted on this rank's listening socket.
+    Listen,
+    /// This rank's connection to rank 0.
+    Hub,
+    /// This rank's connection to its tree parent (when that is not rank 0).
+    Parent,
+}
+
+/// One connection.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ConnId {
+    pub side: Side,
+    /// The listening socket's name for the connection (empty for outbound ones).
+    id: Vec<u8>,
+}
+
+impl ConnId {
+    pub(crate) fn outbound(side: Side) -> ConnId {
+        ConnId {
+            side,
+            id: Vec::new(),
+        }
+    }
+}
+
+/// Limits on connections, most of them for peers that have not proven the key.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Largest frame from a peer that proved the key.
+    pub max_frame: usize,
+    /// How long an accepted connection may take to prove the key.
+    pub handshake: Duration,
+    /// Accepted connections not yet proven; past this the oldest is closed.
+    pub max_unproven: usize,
+    /// Frames an accepted connection may send before it proves the key.
+    pub unproven_frames: u32,
+    /// Messages queued per connection in each direction (libzmq's high-water marks).
+    pub hwm: i32,
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: Reassembler,
+    opened: Instant,
+    addr: Option<String>,
+    frames: u32,
+    /// The peer's rank once it proved the key (outbound: the server's rank).
+    verified: Option<usize>,
+    /// Accepted connections: the nonce handed to the peer, and the one it knocked with.
+    issued: Option<Nonce>,
+    joiner: Option<Nonce>,
+}
+
+impl Conn {
+    fn new(addr: Option<String>) -> Conn {
+        Conn {
+            stream: Reassembler::default(),
+            opened: Instant::now(),
+            addr,
+            frames: 0,
+            verified: None,
+            issued: None,
+            joiner: None,
+        }
+    }
+}
+
+/// Something that happened on a connection.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A connection opened (outbound: opened again after a reset, as far as libzmq says).
+    Opened(ConnId),
+    /// An accepted connection closed.
+    Closed(ConnId),
+    /// An authenticated frame.
+    Frame(ConnId, Frame),
+    /// A frame that failed its checks.
+    Rejected {
+        conn: ConnId,
+        why: Reject,
+        addr: Option<String>,
+    },
+    /// The unsigned hint that our KNOCK failed authentication at the server.
+    KeyHint,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendFail {
+    /// The peer's queue is full (it does not read).
+    Full,
+    /// No such connection (closed, or not yet open).
+    Gone,
+}
+
+struct Outbound {
+    sock: zmq::Socket,
+    /// libzmq's name for the connection, learned from its first message.
+    rid: Option<Vec<u8>>,
+}
+
+pub(crate) struct Net {
+    ctx: zmq::Context,
+    listen: Option<zmq::Socket>,
+    hub: Option<Outbound>,
+    parent: Option<Outbound>,
+    conns: HashMap<ConnId, Conn>,
+    codec: Codec,
+    limits: Limits,
+    turn: usize,
+    events: VecDeque<Event>,
+}
+
+/// `tcp://` endpoint for an address (IPv6 in brackets).
+pub(crate) fn endpoint(a: SocketAddr) -> String {
+    format!("tcp://{a}")
+}
+
+impl Net {
+    pub(crate) fn new(codec: Codec, limits: Limits) -> Net {
+        Net {
+            ctx: zmq::Context::new(),
+            listen: None,
+            hub: None,
+            parent: None,
+            conns: HashMap::new(),
+            codec,
+            limits,
+            turn: 0,
+            events: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn codec(&self) -> &Codec {
+        &self.codec
+    }
+
+    /// Every socket is made here, so every one gets the same limits.
+    fn socket(&self, ipv6: bool) -> Result<zmq::Socket> {
+        let s = self
+            .ctx
+            .socket(zmq::STREAM)
+            .map_err(zmq_err("create a socket"))?;
+        s.set_linger(0).map_err(zmq_err("set linger"))?;
+        s.set_sndhwm(self.limits.hwm)
+            .map_err(zmq_err("set the send queue limit"))?;
+        s.set_rcvhwm(self.limits.hwm)
+            .map_err(zmq_err("set the receive queue limit"))?;
+        s.set_ipv6(ipv6).map_err(zmq_err("enable IPv6"))?;
+        // Long idle periods between rounds must not silently lose a peer behind a NAT or
+        // firewall, and a dead host must be noticed.
+        s.set_tcp_keepalive(1)
+            .map_err(zmq_err("set TCP keepalive"))?;
+        s.set_tcp_keepalive_idle(30)
+            .map_err(zmq_err("set TCP keepalive"))?;
+        s.set_tcp_keepalive_intvl(10)
+            .map_err(zmq_err("set TCP keepalive"))?;
+        s.set_tcp_keepalive_cnt(6)
+            .map_err(zmq_err("set TCP keepalive"))?;
+        s.set_reconnect_ivl(50)
+            .map_err(zmq_err("set the reconnect interval"))?;
+        s.set_reconnect_ivl_max(1000)
+            .map_err(zmq_err("set the reconnect interval"))?;
+        Ok(s)
+    }
+
+    /// Listens on every address in `addrs` (all on one port: the first one's, when the
+    /// port is 0). Returns the addresses bound.
+    pub(crate) fn listen(&mut self, addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>> {
+        let ipv6 = addrs.iter().any(SocketAddr::is_ipv6);
+        let s = self.socket(ipv6)?;
+        let mut bound: Vec<SocketAddr> = Vec::new();
+        let mut last_err = None;
+        for &a in addrs {
+            let mut a = a;
+            if let Some(first) = bound.first() {
+                a.set_port(first.port());
+            }
+            match s.bind(&endpoint(a)) {
+                Ok(()) => {
+                    let got = s
+                        .get_last_endpoint()
+                        .map_err(zmq_err("read the bound address"))?
+                        .unwrap_or_default();
+                    let got = got
+                        .trim_start_matches("tcp://")
+                        .parse::<SocketAddr>()
+                        .unwrap_or(a);
+                    bound.push(got);
+                }
+                Err(e) => {
+                    tracing::debug!(addr = %a, error = %e, "cannot bind one address of several");
+                    last_err = Some((a, e));
+                }
+            }
+        }
+        if bound.is_empty() {
+            return Err(match last_err {
+                Some((a, e)) => Error::transport(BACKEND, format!("cannot bind {a}"), e),
+                None => Error::config("no address to bind"),
+            });
+        }
+        self.listen = Some(s);
+        Ok(bound)
+    }
+
+    /// Connects `side` to `addr`; libzmq reconnects by itself after a reset.
+    pub(crate) fn dial(&mut self, side: Side, addr: SocketAddr) -> Result<()> {
+        let s = self.socket(addr.is_ipv6())?;
+        s.connect(&endpoint(addr))
+            .map_err(|e| Error::transport(BACKEND, format!("cannot connect to {addr}"), e))?;
+        let out = Some(Outbound { sock: s, rid: None });
+        match side {
+            Side::Hub => self.hub = out,
+            Side::Parent => self.parent = out,
+            Side::Listen => return Err(Error::config("cannot dial the listening side")),
+        }
+        self.conns.insert(ConnId::outbound(side), Conn::new(None));
+        Ok(())
+    }
+
+    pub(crate) fn verified(&self, conn: &ConnId) -> Option<usize> {
+        self.conns.get(conn).and_then(|c| c.verified)
+    }
+
+    pub(crate) fn set_verified(&mut self, conn: &ConnId, rank: Option<usize>) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.verified = rank;
+        }
+    }
+
+    /// The nonce handed to an accepted connection, and the one it knocked with.
+    pub(crate) fn nonces(
+        &mut self,
+        conn: &ConnId,
+    ) -> Option<(&mut Option<Nonce>, &mut Option<Nonce>)> {
+        self.conns
+            .get_mut(conn)
+            .map(|c| (&mut c.issued, &mut c.joiner))
+    }
+
+    pub(crate) fn addr(&self, conn: &ConnId) -> Option<String> {
+        self.conns.get(conn).and_then(|c| c.addr.clone())
+    }
+
+    /// Sends a frame (with its prefix) without ever blocking.
+    pub(crate) fn send(
+        &mut self,
+        conn: &ConnId,
+        bytes: &[u8],
+    ) -> std::result::Result<(), SendFail> {
+        let result = match conn.side {
+            Side::Listen => match &self.listen {
+                Some(s) if self.conns.contains_key(conn) => {
+                    s.send_multipart([conn.id.as_slice(), bytes], zmq::DONTWAIT)
+                }
+                _ => return Err(SendFail::Gone),
+            },
+            Side::Hub | Side::Parent => {
+                let out = if conn.side == Side::Hub {
+                    &self.hub
+                } else {
+                    &self.parent
+                };
+                match out {
+                    Some(Outbound {
+                        sock,
+                        rid: Some(rid),
+                    }) => sock.send_multipart([rid.as_slice(), bytes], zmq::DONTWAIT),
+                    _ => return Err(SendFail::Gone),
+                }
+            }
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(zmq::Error::EAGAIN) => {
+                // A peer that has not proven the key and does not read is dropped.
+                if conn.side == Side::Listen && self.verified(conn).is_none() {
+                    tracing::debug!("closed an unproven connection that does not read");
+                    self.close(conn);
+                }
+                Err(SendFail::Full)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "send failed");
+                Err(SendFail::Gone)
+            }
+        }
+    }
+
+    /// Closes an accepted connection; an outbound one only forgets what it proved.
+    pub(crate) fn close(&mut self, conn: &ConnId) {
+        match conn.side {
+            Side::Listen => {
+                if let Some(s) = &self.listen {
+                    // An empty message closes a STREAM connection.
+                    let _ = s.send_multipart([conn.id.as_slice(), &[]], zmq::DONTWAIT);
+                }
+                self.conns.remove(conn);
+            }
+            Side::Hub | Side::Parent => {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.verified = None;
+                    c.stream.reset();
+                }
+            }
+        }
+    }
+
+    /// The next event, or `None` at the deadline. Connections that are slow to prove the
+    /// key are closed on the way.
+    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Option<Event>> {
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Ok(Some(e));
+            }
+            let now = Instant::now();
+            let next_expiry = self.expire(now);
+            if now >= deadline {
+                return Ok(None);
+            }
+            let wait = deadline.min(next_expiry).saturating_duration_since(now);
+            let ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
+            let sides: Vec<Side> = [Side::Listen, Side::Hub, Side::Parent]
+                .into_iter()
+                .filter(|s| self.sock(*s).is_some())
+                .collect();
+            let readable: Vec<bool> = {
+                let mut items: Vec<zmq::PollItem<'_>> = sides
+                    .iter()
+                    .filter_map(|s| self.sock(*s).map(|k| k.as_poll_item(zmq::POLLIN)))
+                    .collect();
+                match zmq::poll(&mut items, ms) {
+                    Ok(_) => items.iter().map(zmq::PollItem::is_readable).collect(),
+                    // A signal: poll again (training jobs install signal handlers).
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(e) => return Err(Error::transport(BACKEND, "poll", e)),
+                }
+            };
+            // One message from each readable socket per pass, starting with a different
+            // socket each time, so that no socket starves another.
+            self.turn = self.turn.wrapping_add(1);
+            for i in 0..sides.len() {
+                let at = (i + self.turn) % sides.len();
+                if readable[at] {
+                    self.read_one(sides[at])?;
+                }
+            }
+        }
+    }
+
+    fn sock(&self, side: Side) -> Option<&zmq::Socket> {
+        match side {
+            Side::Listen => self.listen.as_ref(),
+            Side::Hub => self.hub.as_ref().map(|o| &o.sock),
+            Side::Parent => self.parent.as_ref().map(|o| &o.sock),
+        }
+    }
+
+    /// Closes accepted connections past their handshake deadline; returns when the next
+    /// one expires.
+    fn expire(&mut self, now: Instant) -> Instant {
+        let handshake = self.limits.handshake;
+        let late: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| {
+                id.side == Side::Listen && c.verified.is_none() && now >= c.opened + handshake
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in late {
+            tracing::debug!(addr = ?self.addr(&id), "closed a connection that did not prove the key in time");
+            self.close(&id);
+        }
+        self.conns
+            .iter()
+            .filter(|(id, c)| id.side == Side::Listen && c.verified.is_none())
+            .map(|(_, c)| c.opened + handshake)
+            .min()
+            .unwrap_or(now + Duration::from_secs(3600))
+    }
+
+    fn read_one(&mut self, side: Side) -> Result<()> {
+        let Some(sock) = self.sock(side) else {
+            return Ok(());
+        };
+        let mut id = zmq::Message::new();
+        match sock.recv(&mut id, zmq::DONTWAIT) {
+            Ok(()) => {}
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(()),
+            Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
+        }
+        let mut data = zmq::Message::new();
+        if id.get_more() {
+            match sock.recv(&mut data, 0) {
+                Ok(()) => {}
+                Err(zmq::Error::EINTR) => return Ok(()),
+                Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
+            }
+        }
+        let addr = if data.is_empty() {
+            data.gets("Peer-Address").map(str::to_owned)
+        } else {
+            None
+        };
+        let conn = match side {
+            Side::Listen => ConnId {
+                side,
+                id: id.to_vec(),
+            },
+            Side::Hub | Side::Parent => {
+                let out = if side == Side::Hub {
+                    &mut self.hub
+                } else {
+                    &mut self.parent
+                };
+                if let Some(o) = out {
+                    o.rid = Some(id.to_vec());
+                }
+                ConnId::outbound(side)
+            }
+        };
+        if data.is_empty() {
+            self.notice(conn, addr);
+            return Ok(());
+        }
+        self.bytes(conn, &data);
+        Ok(())
+    }
+
+    /// A STREAM socket's empty message: a connection opened or closed.
+    fn notice(&mut self, conn: ConnId, addr: Option<String>) {
+        match conn.side {
+            Side::Listen => {
+                if self.conns.remove(&conn).is_some() {
+                    self.events.push_back(Event::Closed(conn));
+                    return;
+                }
+                self.conns.insert(conn.clone(), Conn::new(addr));
+                self.evict_unproven();
+                self.events.push_back(Event::Opened(conn));
+            }
+            Side::Hub | Side::Parent => {
+                // Opened or closed, the stream starts over and the server must be proven
+                // again; the rank knocks again.
+                let c = self
+                    .conns
+                    .entry(conn.clone())
+                    .or_insert_with(|| Conn::new(None));
+                c.stream.reset();
+                c.verified = None;
+                if addr.is_some() {
+                    c.addr = addr;
+                }
+                self.events.push_back(Event::Opened(conn));
+            }
+        }
+    }
+
+    /// Past the cap of unproven connections, the oldest go: an attacker that opens
+    /// connections fast can then delay a join, but never exhaust descriptors or memory.
+    fn evict_unproven(&mut self) {
+        let mut unproven: Vec<(Instant, ConnId)> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| id.side == Side::Listen && c.verified.is_none())
+            .map(|(id, c)| (c.opened, id.clone()))
+            .collect();
+        if unproven.len() <= self.limits.max_unproven {
+            return;
+        }
+        unproven.sort_by_key(|(t, _)| *t);
+        let excess = unproven.len() - self.limits.max_unproven;
+        for (_, id) in unproven.into_iter().take(excess) {
+            tracing::debug!("closed the oldest unproven connection (too many)");
+            self.close(&id);
+        }
+    }
+
+    fn bytes(&mut self, conn: ConnId, chunk: &[u8]) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return; // a connection closed here a moment ago
+        };
+        let proven = c.verified.is_some();
+        let limit = if proven {
+            self.limits.max_frame
+        } else {
+            JOIN_FRAME_MAX
+        };
+        let frames = match c.stream.push(chunk, limit) {
+            Ok(f) => f,
+            Err(big) => {
+                let addr = c.addr.clone();
+                tracing::warn!(len = big.len, limit = big.limit, addr = ?addr, "a peer announced a frame over the limit");
+                self.events.push_back(Event::Rejected {
+                    conn: conn.clone(),
+                    why: Reject::Malformed("frame over the size limit"),
+                    addr,
+                });
+                self.close(&conn);
+                return;
+            }
+        };
+        for bytes in frames {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            let proven = c.verified.is_some();
+            if conn.side == Side::Listen && !proven {
+                c.frames += 1;
+                if c.frames > self.limits.unproven_frames {
+                    tracing::debug!("closed an unproven connection that sent too many frames");
+                    self.close(&conn);
+                    return;
+                }
+            }
+            let allowed = |k: Kind| match conn.side {
+                // Data and acks on an unproven connection: a rank that reconnected, to be
+                // told to join again.
+                Side::Listen => matches!(k, Kind::Knock | Kind::Hello | Kind::Data | Kind::Ack),
+                Side::Hub | Side::Parent if !proven => matches!(
+                    k,
+                    Kind::Challenge | Kind::Reject | Kind::JoinFail | Kind::Reauth
+                ),
+                Side::Hub | Side::Parent => !matches!(k, Kind::Knock | Kind::Hello | Kind::Ack),
+            };
+            match self.codec.decode(&bytes, allowed) {
+                Ok(f) => self.events.push_back(Event::Frame(conn.clone(), f)),
+                Err(Reject::NotAllowed(Kind::KeyMismatch)) if conn.side != Side::Listen => {
+                    self.events.push_back(Event::KeyHint);
+                }
+                Err(why) => {
+                    let addr = self.addr(&conn);
+                    self.events.push_back(Event::Rejected {
+                        conn: conn.clone(),
+                        why,
+                        addr,
+                    });
+                }
+            }
+        }
+    }
+}
