@@ -1,6 +1,8 @@
 //! Helpers: an in-process TCP group on loopback, one thread per rank.
 #![allow(dead_code)]
 
+pub mod attacker;
+
 use std::time::Duration;
 
 use lens_tcp::{TcpBroadcaster, TcpConfig};
