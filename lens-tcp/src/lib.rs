@@ -3,15 +3,23 @@
 //! [`TcpBroadcaster`] joins a group of N ranks that may live in different processes on
 //! different hosts. Rank 0 binds the rendezvous address (torchrun's `MASTER_ADDR` and
 //! `MASTER_PORT`, or `LENS_TCP_ADDR`); every rank may be the root of any round.
-//! Frames are authenticated with a pre-shared job key (HMAC-SHA256; the bundled libzmq has
-//! no CURVE), numbered by round, and acknowledged, so a missing rank becomes
+//! Joins are a mutual challenge-response over a pre-shared job key, frames are
+//! authenticated (HMAC-SHA256; the bundled libzmq has no CURVE, so nothing is encrypted),
+//! numbered by round, and acknowledged, so a missing rank becomes
 //! [`lens_core::Error::Timeout`] naming it and a stranger's bytes never become a payload.
+//! The threat model (what a stranger, the network and a buggy insider can and cannot do,
+//! and what travels in clear) is in the project README, section "Threat model".
 //!
 //! ```no_run
-//! use lens_tcp::{TcpBroadcaster, TcpConfig};
+//! use std::time::Duration;
+//! use lens_tcp::{TcpBroadcaster, TcpConfigBuilder};
 //!
-//! // Each rank of the job, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LENS_TCP_KEY set:
-//! let group = TcpBroadcaster::connect(TcpConfig::from_env()?)?;
+//! // Each rank of the job, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and
+//! // LENS_TCP_KEY_FILE set; code may override any field.
+//! let config = TcpConfigBuilder::from_env()
+//!     .timeout(Duration::from_secs(10))
+//!     .build()?;
+//! let group = TcpBroadcaster::connect(config)?;
 //! let carrier = lens_core::blocking::broadcast_trace_context(&group, 0)?;
 //! # Ok::<(), lens_core::Error>(())
 //! ```

@@ -139,11 +139,14 @@ fn demo_rejects_bad_arguments() {
         &["demo", "--inject", "absent:9"],
         &["demo", "--inject", "explode:1"],
         &["demo", "--timeout", "-1"],
+        // Would overflow the clock: a configuration error, not a panic.
+        &["demo", "--timeout", "1e19"],
         &["bench", "--ranks", "0"],
     ] {
         let run = lens(args, DEADLINE);
         assert!(!run.ok, "{args:?} should fail");
         assert!(!run.stderr.is_empty(), "{args:?} should say why");
+        assert!(!run.stderr.contains("panicked"), "{args:?} panicked: {}", run.stderr);
     }
 }
 
