@@ -146,7 +146,11 @@ fn demo_rejects_bad_arguments() {
         let run = lens(args, DEADLINE);
         assert!(!run.ok, "{args:?} should fail");
         assert!(!run.stderr.is_empty(), "{args:?} should say why");
-        assert!(!run.stderr.contains("panicked"), "{args:?} panicked: {}", run.stderr);
+        assert!(
+            !run.stderr.contains("panicked"),
+            "{args:?} panicked: {}",
+            run.stderr
+        );
     }
 }
 
