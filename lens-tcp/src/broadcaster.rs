@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
 
-use crate::config::TcpConfig;
+use crate::config::{TcpConfig, split_host_port};
 use crate::frame::{Codec, HEADER, Kind, MAX_ENDPOINT, TAG, payload};
 use crate::group::{Group, Input, nonce};
 use crate::net::{BACKEND, ConnId, Limits, Net, Side};
@@ -69,14 +69,6 @@ impl std::fmt::Debug for Rendezvous {
             .field("local_addr", &self.local_addr)
             .finish_non_exhaustive()
     }
-}
-
-fn split_host_port(addr: &str) -> Option<(&str, u16)> {
-    let (host, port) = addr.rsplit_once(':')?;
-    Some((
-        host.trim_start_matches('[').trim_end_matches(']'),
-        port.parse().ok()?,
-    ))
 }
 
 /// Every address `host:port` resolves to (IPv4 and IPv6), in the resolver's order.

@@ -41,6 +41,15 @@ pub mod env {
     pub const HOST: &str = "LENS_TCP_HOST";
 }
 
+/// `host:port` split, an IPv6 host without its brackets.
+pub(crate) fn split_host_port(addr: &str) -> Option<(&str, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((
+        host.trim_start_matches('[').trim_end_matches(']'),
+        port.parse().ok()?,
+    ))
+}
+
 /// How one rank joins a TCP group. Built with [`TcpConfig::builder`] or
 /// [`TcpConfigBuilder::from_env`].
 #[derive(Clone)]
@@ -332,9 +341,8 @@ impl TcpConfigBuilder {
                 env::MASTER_PORT
             ))
         })?;
-        match addr.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-            _ => return Err(Error::config(format!("address {addr:?} is not host:port"))),
+        if split_host_port(&addr).is_none_or(|(host, _)| host.is_empty()) {
+            return Err(Error::config(format!("address {addr:?} is not host:port")));
         }
         let key = self.key.ok_or_else(|| {
             Error::config(format!(

@@ -231,6 +231,24 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
+/// The complete frames at the start of `bytes`, and how many bytes they take.
+fn split(bytes: &[u8], limit: usize) -> Result<(Vec<Vec<u8>>, usize), TooLarge> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= PREFIX {
+        let len = u32_at(bytes, at) as usize;
+        if len > limit {
+            return Err(TooLarge { len, limit });
+        }
+        if bytes.len() - at - PREFIX < len {
+            break;
+        }
+        frames.push(bytes[at + PREFIX..at + PREFIX + len].to_vec());
+        at += PREFIX + len;
+    }
+    Ok((frames, at))
+}
+
 /// Reassembles length-prefixed frames from the chunks a stream delivers.
 #[derive(Debug, Default)]
 pub(crate) struct Reassembler {
@@ -252,22 +270,15 @@ impl Reassembler {
     /// Appends `chunk` and returns the complete frames (prefixes removed). A length over
     /// `limit` is refused before its bytes are kept.
     pub(crate) fn push(&mut self, chunk: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, TooLarge> {
-        self.buf.extend_from_slice(chunk);
-        let mut frames = Vec::new();
-        let mut at = 0;
-        while self.buf.len() - at >= PREFIX {
-            let len = u32_at(&self.buf, at) as usize;
-            if len > limit {
-                self.reset();
-                return Err(TooLarge { len, limit });
-            }
-            if self.buf.len() - at - PREFIX < len {
-                break;
-            }
-            frames.push(self.buf[at + PREFIX..at + PREFIX + len].to_vec());
-            at += PREFIX + len;
+        if self.buf.is_empty() {
+            // The usual case: whole frames in one chunk, read in place; only a tail is kept.
+            let (frames, used) = split(chunk, limit).inspect_err(|_| self.reset())?;
+            self.buf.extend_from_slice(&chunk[used..]);
+            return Ok(frames);
         }
-        self.buf.drain(..at);
+        self.buf.extend_from_slice(chunk);
+        let (frames, used) = split(&self.buf, limit).inspect_err(|_| self.reset())?;
+        self.buf.drain(..used);
         Ok(frames)
     }
 

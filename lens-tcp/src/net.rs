@@ -19,6 +19,7 @@ use lens_core::{Error, Result};
 use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Nonce, Reassembler, Reject};
 
 pub(crate) const BACKEND: &str = "tcp";
+const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
 pub(crate) fn zmq_err(what: &str) -> impl FnOnce(zmq::Error) -> Error + '_ {
     move |e| Error::transport(BACKEND, what.to_owned(), e)
@@ -70,7 +71,6 @@ pub(crate) struct Limits {
 #[derive(Debug)]
 struct Conn {
     stream: Reassembler,
-    opened: Instant,
     addr: Option<String>,
     frames: u32,
     /// The peer's rank once it proved the key (outbound: the server's rank).
@@ -84,7 +84,6 @@ impl Conn {
     fn new(addr: Option<String>) -> Conn {
         Conn {
             stream: Reassembler::default(),
-            opened: Instant::now(),
             addr,
             frames: 0,
             verified: None,
@@ -137,6 +136,10 @@ pub(crate) struct Net {
     limits: Limits,
     turn: usize,
     events: VecDeque<Event>,
+    /// Accepted connections in the order they opened, for the handshake deadline and the
+    /// cap; entries whose connection has since proven the key or closed are skipped when
+    /// met, so no pass over every connection is made per message.
+    unproven: VecDeque<(Instant, ConnId)>,
 }
 
 /// `tcp://` endpoint for an address (IPv6 in brackets).
@@ -156,6 +159,7 @@ impl Net {
             limits,
             turn: 0,
             events: VecDeque::new(),
+            unproven: VecDeque::new(),
         }
     }
 
@@ -347,32 +351,27 @@ impl Net {
             if now >= deadline {
                 return Ok(None);
             }
+            // One message from each socket per pass, starting with a different socket each
+            // time, so that no socket starves another.
+            self.turn = self.turn.wrapping_add(1);
+            let mut got = false;
+            for i in 0..SIDES.len() {
+                got |= self.read_one(SIDES[(i + self.turn) % SIDES.len()])?;
+            }
+            if got {
+                continue;
+            }
+            // Nothing queued: sleep in poll until something arrives or a deadline passes.
             let wait = deadline.min(next_expiry).saturating_duration_since(now);
             let ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
-            let sides: Vec<Side> = [Side::Listen, Side::Hub, Side::Parent]
-                .into_iter()
-                .filter(|s| self.sock(*s).is_some())
+            let mut items: Vec<zmq::PollItem<'_>> = SIDES
+                .iter()
+                .filter_map(|s| self.sock(*s).map(|k| k.as_poll_item(zmq::POLLIN)))
                 .collect();
-            let readable: Vec<bool> = {
-                let mut items: Vec<zmq::PollItem<'_>> = sides
-                    .iter()
-                    .filter_map(|s| self.sock(*s).map(|k| k.as_poll_item(zmq::POLLIN)))
-                    .collect();
-                match zmq::poll(&mut items, ms) {
-                    Ok(_) => items.iter().map(zmq::PollItem::is_readable).collect(),
-                    // A signal: poll again (training jobs install signal handlers).
-                    Err(zmq::Error::EINTR) => continue,
-                    Err(e) => return Err(Error::transport(BACKEND, "poll", e)),
-                }
-            };
-            // One message from each readable socket per pass, starting with a different
-            // socket each time, so that no socket starves another.
-            self.turn = self.turn.wrapping_add(1);
-            for i in 0..sides.len() {
-                let at = (i + self.turn) % sides.len();
-                if readable[at] {
-                    self.read_one(sides[at])?;
-                }
+            match zmq::poll(&mut items, ms) {
+                // A signal: go round again (training jobs install signal handlers).
+                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Err(e) => return Err(Error::transport(BACKEND, "poll", e)),
             }
         }
     }
@@ -389,41 +388,43 @@ impl Net {
     /// one expires.
     fn expire(&mut self, now: Instant) -> Instant {
         let handshake = self.limits.handshake;
-        let late: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(id, c)| {
-                id.side == Side::Listen && c.verified.is_none() && now >= c.opened + handshake
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in late {
-            tracing::debug!(addr = ?self.addr(&id), "closed a connection that did not prove the key in time");
-            self.close(&id);
+        while let Some((opened, id)) = self.unproven.front() {
+            if !self.is_unproven(id) {
+                self.unproven.pop_front();
+            } else if now >= *opened + handshake {
+                let id = id.clone();
+                self.unproven.pop_front();
+                tracing::debug!(addr = ?self.addr(&id), "closed a connection that did not prove the key in time");
+                self.close(&id);
+            } else {
+                return *opened + handshake;
+            }
         }
-        self.conns
-            .iter()
-            .filter(|(id, c)| id.side == Side::Listen && c.verified.is_none())
-            .map(|(_, c)| c.opened + handshake)
-            .min()
-            .unwrap_or(now + Duration::from_secs(3600))
+        now + Duration::from_secs(3600)
     }
 
-    fn read_one(&mut self, side: Side) -> Result<()> {
+    fn is_unproven(&self, id: &ConnId) -> bool {
+        self.conns.get(id).is_some_and(|c| c.verified.is_none())
+    }
+
+    /// Reads one message from `side` if one is queued; whether it did.
+    fn read_one(&mut self, side: Side) -> Result<bool> {
         let Some(sock) = self.sock(side) else {
-            return Ok(());
+            return Ok(false);
         };
         let mut id = zmq::Message::new();
         match sock.recv(&mut id, zmq::DONTWAIT) {
             Ok(()) => {}
-            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(()),
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(false),
             Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
         }
         let mut data = zmq::Message::new();
-        if id.get_more() {
+        // The parts of a message arrive together, so this never waits; a signal in between
+        // must not split the pair.
+        while id.get_more() {
             match sock.recv(&mut data, 0) {
-                Ok(()) => {}
-                Err(zmq::Error::EINTR) => return Ok(()),
+                Ok(()) => break,
+                Err(zmq::Error::EINTR) => {}
                 Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
             }
         }
@@ -451,10 +452,10 @@ impl Net {
         };
         if data.is_empty() {
             self.notice(conn, addr);
-            return Ok(());
+            return Ok(true);
         }
         self.bytes(conn, &data);
-        Ok(())
+        Ok(true)
     }
 
     /// A STREAM socket's empty message: a connection opened or closed.
@@ -466,6 +467,7 @@ impl Net {
                     return;
                 }
                 self.conns.insert(conn.clone(), Conn::new(addr));
+                self.unproven.push_back((Instant::now(), conn.clone()));
                 self.evict_unproven();
                 self.events.push_back(Event::Opened(conn));
             }
@@ -489,21 +491,18 @@ impl Net {
     /// Past the cap of unproven connections, the oldest go: an attacker that opens
     /// connections fast can then delay a join, but never exhaust descriptors or memory.
     fn evict_unproven(&mut self) {
-        let mut unproven: Vec<(Instant, ConnId)> = self
-            .conns
-            .iter()
-            .filter(|(id, c)| id.side == Side::Listen && c.verified.is_none())
-            .map(|(id, c)| (c.opened, id.clone()))
-            .collect();
-        if unproven.len() <= self.limits.max_unproven {
+        if self.unproven.len() <= self.limits.max_unproven {
             return;
         }
-        unproven.sort_by_key(|(t, _)| *t);
-        let excess = unproven.len() - self.limits.max_unproven;
-        for (_, id) in unproven.into_iter().take(excess) {
-            tracing::debug!("closed the oldest unproven connection (too many)");
-            self.close(&id);
+        let mut unproven = std::mem::take(&mut self.unproven);
+        unproven.retain(|(_, id)| self.is_unproven(id));
+        while unproven.len() > self.limits.max_unproven {
+            if let Some((_, id)) = unproven.pop_front() {
+                tracing::debug!("closed the oldest unproven connection (too many)");
+                self.close(&id);
+            }
         }
+        self.unproven = unproven;
     }
 
     fn bytes(&mut self, conn: ConnId, chunk: &[u8]) {
