@@ -569,3 +569,6 @@ impl Net {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -333,3 +333,16 @@ fn huge_durations_are_config_errors() {
         }
     }
 }
+
+/// Another program on the rendezvous port (here one that answers with an SSH banner) is
+/// named as such in the joiner's error, not reported as a bare timeout.
+#[test]
+fn a_foreign_listener_on_the_rendezvous_port_is_named() {
+    let foreign = replaying_server(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n".to_vec());
+    match TcpBroadcaster::connect(cfg(1, 2, &foreign, Duration::from_millis(800))) {
+        Err(Error::Closed { reason, .. }) => {
+            assert!(reason.contains("another program"), "{reason}")
+        }
+        other => panic!("expected an error naming another program, got {other:?}"),
+    }
+}

@@ -145,6 +145,21 @@ fn builder_rejects_bad_values() {
     assert!(ok().world_size(0).build().is_err());
     assert!(ok().timeout(Duration::ZERO).build().is_err());
     assert!(ok().addr("no-port").build().is_err());
+    assert!(ok().addr(":29500").build().is_err(), "empty host");
+    assert!(ok().addr("[::1]:29500").build().is_ok(), "IPv6 in brackets");
+    assert!(
+        ok().world_size(lens_tcp::MAX_WORLD).build().is_ok(),
+        "the largest world"
+    );
+    match ok().world_size(lens_tcp::MAX_WORLD + 1).build() {
+        Err(lens_core::Error::Config { reason }) => {
+            assert!(
+                reason.contains(&lens_tcp::MAX_WORLD.to_string()),
+                "{reason}"
+            )
+        }
+        other => panic!("a world over MAX_WORLD: {other:?}"),
+    }
     assert!(
         TcpConfig::builder()
             .rank(0)

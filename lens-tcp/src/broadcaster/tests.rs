@@ -88,3 +88,44 @@ fn knocking_again_is_harmless() {
         );
     }
 }
+
+/// A buggy insider's ack that names ranks outside its own subtree (here rank 1 blaming
+/// rank 2 in a star) is not believed: the round completes on every rank.
+#[test]
+fn an_ack_may_only_speak_for_its_own_subtree() {
+    let cfg3 = |rank: usize, addr: &str| {
+        TcpConfig::builder()
+            .rank(rank)
+            .world_size(3)
+            .addr(addr)
+            .key(KEY)
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("config")
+    };
+    let hub = TcpBroadcaster::start(cfg3(0, "127.0.0.1:0")).expect("bind");
+    let addr = hub.local_addr().expect("addr").to_string();
+    let others: Vec<_> = (1..3)
+        .map(|r| TcpBroadcaster::start(cfg3(r, &addr)).expect("connect"))
+        .collect();
+    let ranks: Vec<TcpBroadcaster> = std::thread::scope(|s| {
+        let h = s.spawn(|| hub.finish());
+        let o: Vec<_> = others.into_iter().map(|r| s.spawn(|| r.finish())).collect();
+        std::iter::once(h)
+            .chain(o)
+            .map(|t| t.join().expect("thread").expect("joins"))
+            .collect()
+    });
+    {
+        // Rank 1's ack for the next round, sent early, naming rank 2 as missing.
+        let mut g = ranks[1].group();
+        let forged = g.frame(Kind::Ack, 1, 0, &payload::ranks(&[2]));
+        g.send(&ConnId::outbound(Side::Hub), &forged).expect("send");
+    }
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
+        lens_core::blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"step"[..]))
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        assert_eq!(r.expect("no rank fails").as_slice(), b"step", "rank {rank}");
+    }
+}

@@ -1,0 +1,223 @@
+//! Table tests and properties of the wire format.
+
+use super::*;
+use proptest::prelude::*;
+
+const KEY: &[u8] = b"property test key";
+
+fn strip(bytes: &[u8]) -> &[u8] {
+    &bytes[PREFIX..]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Any bytes: decoding never panics, and without the key nothing is accepted.
+    #[test]
+    fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let codec = Codec::new(KEY).expect("key");
+        prop_assert!(codec.decode(&bytes, |_| true).is_err());
+    }
+
+    /// Every field survives encode then decode; any single changed byte is rejected.
+    #[test]
+    fn round_trip_and_tamper(kind in 1u8..=11, sender: u32, session: u64, round: u64, root: u32,
+                             payload in proptest::collection::vec(any::<u8>(), 0..300), flip: usize) {
+        let codec = Codec::new(KEY).expect("key");
+        let kind = Kind::from_u8(kind).expect("kind");
+        let bytes = codec.encode(kind, sender, session, round, root, &payload);
+        let f = codec.decode(strip(&bytes), |_| true).expect("decodes");
+        prop_assert_eq!((f.kind, f.sender, f.session, f.round, f.root, &f.payload), (kind, sender, session, round, root, &payload));
+        let mut tampered = strip(&bytes).to_vec();
+        let at = flip % tampered.len();
+        tampered[at] ^= 0x01;
+        prop_assert!(codec.decode(&tampered, |_| true).is_err());
+    }
+
+    /// Frames cut into any chunks come out whole and in order.
+    #[test]
+    fn reassembly_of_any_chunking(sizes in proptest::collection::vec(0usize..400, 1..6),
+                                  cut in proptest::collection::vec(1usize..97, 1..40)) {
+        let codec = Codec::new(KEY).expect("key");
+        let frames: Vec<Vec<u8>> = sizes.iter().map(|&s| codec.encode(Kind::Data, 1, 2, 3, 0, &vec![7; s])).collect();
+        let stream = frames.concat();
+        let mut r = Reassembler::default();
+        let mut got = Vec::new();
+        let (mut at, mut i) = (0, 0);
+        while at < stream.len() {
+            let end = (at + cut[i % cut.len()]).min(stream.len());
+            got.extend(r.push(&stream[at..end], 1 << 20).expect("within the limit"));
+            at = end;
+            i += 1;
+        }
+        prop_assert_eq!(r.held(), 0);
+        let want: Vec<Vec<u8>> = frames.iter().map(|f| strip(f).to_vec()).collect();
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn frame_table() {
+    let codec = Codec::new(b"job key").expect("key");
+    let other = Codec::new(b"other key").expect("key");
+    let good = strip(&codec.encode(Kind::Data, 3, 77, 9, 3, b"payload")).to_vec();
+    let mut flipped = good.clone();
+    flipped[20] ^= 1;
+    let mut short = good.clone();
+    short.truncate(good.len() - 1);
+    let mut magic = good.clone();
+    magic[0] = b'X';
+    let mut kind = good.clone();
+    kind[4] = 200;
+    let hint = strip(&codec.encode(Kind::KeyMismatch, 0, 0, 0, 0, &[])).to_vec();
+    let knock = strip(&other.encode(Kind::Knock, 1, 0, 0, 0, &[0; 20])).to_vec();
+    let only_joins = |k: Kind| matches!(k, Kind::Knock | Kind::Hello);
+    let rows: Vec<(&str, Vec<u8>, bool, Result<(), Reject>)> = vec![
+        ("well-formed", good.clone(), false, Ok(())),
+        ("empty", vec![], false, Err(Reject::Malformed("too short"))),
+        (
+            "garbage",
+            vec![0xab; 100],
+            false,
+            Err(Reject::Malformed("bad magic")),
+        ),
+        (
+            "unknown kind",
+            kind,
+            false,
+            Err(Reject::Malformed("unknown kind")),
+        ),
+        (
+            "bad magic",
+            magic,
+            false,
+            Err(Reject::Malformed("bad magic")),
+        ),
+        (
+            "wrong key",
+            strip(&other.encode(Kind::Data, 3, 77, 9, 3, b"payload")).to_vec(),
+            false,
+            Err(Reject::BadTag(Kind::Data)),
+        ),
+        (
+            "one bit flipped",
+            flipped,
+            false,
+            Err(Reject::BadTag(Kind::Data)),
+        ),
+        (
+            "truncated",
+            short,
+            false,
+            Err(Reject::Malformed(
+                "length field disagrees with the frame size",
+            )),
+        ),
+        (
+            "data before the key is proven",
+            good.clone(),
+            true,
+            Err(Reject::NotAllowed(Kind::Data)),
+        ),
+        (
+            "a knock with a wrong key",
+            knock,
+            true,
+            Err(Reject::BadTag(Kind::Knock)),
+        ),
+        (
+            "the unsigned hint is never a frame",
+            hint,
+            false,
+            Err(Reject::NotAllowed(Kind::KeyMismatch)),
+        ),
+    ];
+    for (why, bytes, joining, want) in rows {
+        let got = codec
+            .decode(&bytes, |k| !joining || only_joins(k))
+            .map(|_| ());
+        assert_eq!(got, want, "{why}");
+    }
+    let f = codec.decode(&good, |_| true).expect("decodes");
+    assert_eq!(
+        (
+            f.kind,
+            f.sender,
+            f.session,
+            f.round,
+            f.root,
+            f.payload.as_slice()
+        ),
+        (Kind::Data, 3, 77, 9, 3, &b"payload"[..])
+    );
+}
+
+#[test]
+fn payload_table() {
+    let (a, b) = ([1u8; 16], [2u8; 16]);
+    assert_eq!(payload::read_knock(&payload::knock(7, &a)), Some((7, a)));
+    assert_eq!(
+        payload::read_challenge(&payload::challenge(&a, &b)),
+        Some((a, b))
+    );
+    assert_eq!(
+        payload::read_hello(&payload::hello(3, &b, "tcp://h:1")),
+        Some((3, b, "tcp://h:1".to_owned()))
+    );
+    let table = vec![String::new(), "tcp://x:9".to_owned(), String::new()];
+    assert_eq!(
+        payload::read_welcome(&payload::welcome(&a, &table), 3),
+        Some((a, table.clone()))
+    );
+    assert_eq!(
+        payload::read_welcome(&payload::welcome(&a, &[]), 3),
+        Some((a, vec![]))
+    );
+    assert_eq!(
+        payload::read_ranks(&payload::ranks(&[1, 5])),
+        Some(vec![1, 5])
+    );
+    let rows: Vec<(&str, Option<()>)> = vec![
+        ("knock too short", payload::read_knock(&[0; 19]).map(|_| ())),
+        ("knock too long", payload::read_knock(&[0; 21]).map(|_| ())),
+        (
+            "challenge short",
+            payload::read_challenge(&[0; 31]).map(|_| ()),
+        ),
+        (
+            "hello cut",
+            payload::read_hello(&payload::hello(3, &b, "abc")[..22]).map(|_| ()),
+        ),
+        (
+            "welcome with 2 of 3 entries",
+            payload::read_welcome(&payload::welcome(&a, &table[..2]), 3).map(|_| ()),
+        ),
+        (
+            "ranks not a multiple of 4",
+            payload::read_ranks(&[0; 5]).map(|_| ()),
+        ),
+        (
+            "tagged too short",
+            payload::read_tagged(&[0; 15]).map(|_| ()),
+        ),
+    ];
+    for (why, got) in rows {
+        assert_eq!(got, None, "{why}");
+    }
+}
+
+#[test]
+fn reassembler_refuses_an_oversized_length_before_keeping_it() {
+    let mut r = Reassembler::default();
+    let err = r
+        .push(&(1u32 << 30).to_le_bytes(), 1000)
+        .expect_err("too large");
+    assert_eq!(
+        err,
+        TooLarge {
+            len: 1 << 30,
+            limit: 1000
+        }
+    );
+    assert_eq!(r.held(), 0);
+}

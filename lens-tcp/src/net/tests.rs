@@ -1,0 +1,202 @@
+//! The limits on unproven connections, each one alone, against raw TCP peers on loopback.
+//! These back the README's threat-model figures.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+
+use super::*;
+use crate::frame::PREFIX;
+
+const KEY: &[u8] = b"net limits test key, 32 bytes!!!";
+
+fn limits() -> Limits {
+    Limits {
+        max_frame: 1 << 16,
+        handshake: Duration::from_secs(30),
+        max_unproven: 64,
+        unproven_frames: 16,
+        hwm: 64,
+    }
+}
+
+fn server(limits: Limits) -> (Net, SocketAddr) {
+    let mut net = Net::new(Codec::new(KEY).expect("key"), limits);
+    let addr = net
+        .listen(&[SocketAddr::from(([127, 0, 0, 1], 0))])
+        .expect("listen")[0];
+    (net, addr)
+}
+
+/// Runs the event loop for `d`, returning what happened.
+fn pump(net: &mut Net, d: Duration) -> Vec<Event> {
+    let deadline = Instant::now() + d;
+    let mut out = Vec::new();
+    while let Some(e) = net.recv(deadline).expect("recv") {
+        out.push(e);
+    }
+    out
+}
+
+fn opened(events: &[Event]) -> Vec<ConnId> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Opened(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether the server closed `s` (end of stream or a reset) within a short wait.
+fn closed(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {} // an answer; keep reading
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+fn knock(codec: &Codec) -> Vec<u8> {
+    codec.encode(Kind::Knock, 1, 0, 0, 0, &[0; 20])
+}
+
+#[test]
+fn a_silent_connection_is_closed_at_the_handshake_deadline() {
+    let (mut net, addr) = server(Limits {
+        handshake: Duration::from_millis(300),
+        ..limits()
+    });
+    let mut silent = TcpStream::connect(addr).expect("connect");
+    pump(&mut net, Duration::from_millis(100));
+    assert!(!closed(&mut silent), "open before the deadline");
+    pump(&mut net, Duration::from_millis(500));
+    assert!(closed(&mut silent), "closed after the deadline");
+}
+
+#[test]
+fn past_the_cap_the_oldest_unproven_connection_is_closed() {
+    let (mut net, addr) = server(Limits {
+        max_unproven: 2,
+        ..limits()
+    });
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        peers.push(TcpStream::connect(addr).expect("connect"));
+        pump(&mut net, Duration::from_millis(100));
+    }
+    assert!(closed(&mut peers[0]), "the oldest goes");
+    assert!(
+        !closed(&mut peers[1]) && !closed(&mut peers[2]),
+        "the newer stay"
+    );
+}
+
+#[test]
+fn a_proven_connection_does_not_count_against_the_cap_or_the_deadline() {
+    let (mut net, addr) = server(Limits {
+        max_unproven: 1,
+        handshake: Duration::from_millis(300),
+        ..limits()
+    });
+    let mut proven = TcpStream::connect(addr).expect("connect");
+    let conn = opened(&pump(&mut net, Duration::from_millis(100)))
+        .pop()
+        .expect("opened");
+    net.set_verified(&conn, Some(1));
+    let mut stranger = TcpStream::connect(addr).expect("connect");
+    pump(&mut net, Duration::from_millis(600));
+    assert!(closed(&mut stranger), "the stranger missed its deadline");
+    assert!(!closed(&mut proven), "the proven peer stays");
+}
+
+#[test]
+fn an_unproven_connection_may_send_only_so_many_frames() {
+    let (mut net, addr) = server(Limits {
+        unproven_frames: 3,
+        ..limits()
+    });
+    let codec = Codec::new(KEY).expect("key");
+    let mut peer = TcpStream::connect(addr).expect("connect");
+    for _ in 0..6 {
+        peer.write_all(&knock(&codec)).expect("send");
+    }
+    let events = pump(&mut net, Duration::from_millis(300));
+    let frames = events
+        .iter()
+        .filter(|e| matches!(e, Event::Frame(..)))
+        .count();
+    assert_eq!(frames, 3, "{events:?}");
+    assert!(closed(&mut peer));
+}
+
+#[test]
+fn an_unproven_connection_cannot_announce_a_large_frame() {
+    let (mut net, addr) = server(limits());
+    let mut peer = TcpStream::connect(addr).expect("connect");
+    // One byte over the join frame limit: refused on the length alone.
+    let len = u32::try_from(JOIN_FRAME_MAX + 1).expect("small");
+    peer.write_all(&len.to_le_bytes()).expect("send");
+    let events = pump(&mut net, Duration::from_millis(300));
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::Rejected {
+                why: Reject::Malformed("frame over the size limit"),
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(closed(&mut peer));
+    assert_eq!(JOIN_FRAME_MAX, 342, "the README says 342 bytes");
+    assert_eq!(PREFIX, 4);
+}
+
+/// Sends to a peer that never reads until its queue is full; how the send failed.
+fn fill(net: &mut Net, conn: &ConnId) -> SendFail {
+    let big = vec![7u8; 1 << 16];
+    for _ in 0..10_000 {
+        if let Err(e) = net.send(conn, &big) {
+            return e;
+        }
+    }
+    panic!("10,000 sends of 64 KiB to a peer that never reads all succeeded");
+}
+
+#[test]
+fn a_peer_that_never_reads_never_blocks_a_send() {
+    let (mut net, addr) = server(Limits { hwm: 4, ..limits() });
+    let _stranger = TcpStream::connect(addr).expect("connect");
+    let mut conns = opened(&pump(&mut net, Duration::from_millis(100)));
+    let _member = TcpStream::connect(addr).expect("connect");
+    conns.extend(opened(&pump(&mut net, Duration::from_millis(200))));
+    assert_eq!(conns.len(), 2);
+    net.set_verified(&conns[1], Some(1));
+    // The stranger is dropped at a full queue; the proven peer is kept (and reported
+    // missing by the round that could not reach it).
+    assert_eq!(fill(&mut net, &conns[0]), SendFail::Full);
+    assert_eq!(net.send(&conns[0], b"x"), Err(SendFail::Gone));
+    assert_eq!(fill(&mut net, &conns[1]), SendFail::Full);
+    assert_eq!(net.verified(&conns[1]), Some(1));
+}
+
+#[test]
+fn every_socket_keeps_tcp_keepalive_on() {
+    let (mut net, addr) = server(limits());
+    net.dial(Side::Hub, addr).expect("dial");
+    let mut seen = 0;
+    for side in SIDES {
+        if let Some(s) = net.sock(side) {
+            assert_eq!(s.get_tcp_keepalive().expect("option"), 1, "{side:?}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2);
+}
