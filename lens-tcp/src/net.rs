@@ -142,6 +142,26 @@ pub(crate) struct Net {
     unproven: VecDeque<(Instant, ConnId)>,
 }
 
+/// Sends `[id, bytes]` without waiting. libzmq may answer `EINTR` even then (a signal
+/// while it reads its own command queue), for either part: nothing of that part was sent,
+/// so that part is sent again (a bounded number of times), never the whole message, which
+/// would put the id into the stream.
+fn send_now(sock: &zmq::Socket, id: &[u8], bytes: &[u8]) -> zmq::Result<()> {
+    fn part(sock: &zmq::Socket, data: &[u8], flags: i32) -> zmq::Result<()> {
+        let mut result = Err(zmq::Error::EINTR);
+        for _ in 0..1000 {
+            result = sock.send(data, flags);
+            if result != Err(zmq::Error::EINTR) {
+                break;
+            }
+        }
+        result
+    }
+    part(sock, id, zmq::DONTWAIT | zmq::SNDMORE)?;
+    // The queue had room for the id, so the data part goes too (libzmq checks once).
+    part(sock, bytes, zmq::DONTWAIT)
+}
+
 /// `tcp://` endpoint for an address (IPv6 in brackets).
 pub(crate) fn endpoint(a: SocketAddr) -> String {
     format!("tcp://{a}")
@@ -283,9 +303,7 @@ impl Net {
     ) -> std::result::Result<(), SendFail> {
         let result = match conn.side {
             Side::Listen => match &self.listen {
-                Some(s) if self.conns.contains_key(conn) => {
-                    s.send_multipart([conn.id.as_slice(), bytes], zmq::DONTWAIT)
-                }
+                Some(s) if self.conns.contains_key(conn) => send_now(s, &conn.id, bytes),
                 _ => return Err(SendFail::Gone),
             },
             Side::Hub | Side::Parent => {
@@ -298,7 +316,7 @@ impl Net {
                     Some(Outbound {
                         sock,
                         rid: Some(rid),
-                    }) => sock.send_multipart([rid.as_slice(), bytes], zmq::DONTWAIT),
+                    }) => send_now(sock, rid, bytes),
                     _ => return Err(SendFail::Gone),
                 }
             }
@@ -326,7 +344,7 @@ impl Net {
             Side::Listen => {
                 if let Some(s) = &self.listen {
                     // An empty message closes a STREAM connection.
-                    let _ = s.send_multipart([conn.id.as_slice(), &[]], zmq::DONTWAIT);
+                    let _ = send_now(s, &conn.id, &[]);
                 }
                 self.conns.remove(conn);
             }
