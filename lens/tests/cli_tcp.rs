@@ -126,3 +126,91 @@ fn tcp_bench_prints_raw_and_lens_lines() {
         30,
     );
 }
+
+/// Two `lens` processes form a job on loopback while a stranger attacks rank 0's port:
+/// ZeroMQ peers claiming routing ids (one of them libzmq's first automatic id), plain ZeroMQ
+/// peers, raw connections that send garbage and never read, and idle ones. The job still
+/// forms and verifies its trace. Rank 0 reads its key from a file, rank 1 the same bytes
+/// from `LENS_TCP_KEY` as hex.
+#[test]
+fn tcp_job_forms_and_runs_under_attack() {
+    use std::io::Write as _;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let key = b"black-box attack test key, 32 b!";
+    let key_file = std::env::temp_dir().join(format!("lens-attack-{}.key", std::process::id()));
+    std::fs::write(&key_file, key).expect("key file");
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let rank = |r: &'static str, env: Vec<(&'static str, String)>| {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            lens(
+                &[
+                    "demo",
+                    "--backend",
+                    "tcp",
+                    "--rank",
+                    r,
+                    "--world",
+                    "2",
+                    "--addr",
+                    &addr,
+                    "--steps",
+                    "3",
+                    "--timeout",
+                    "10",
+                    "--join-timeout",
+                    "30",
+                ],
+                &env,
+                DEADLINE,
+            )
+        })
+    };
+    let zero = rank(
+        "0",
+        vec![("LENS_TCP_KEY_FILE", key_file.display().to_string())],
+    );
+    // The attack, before rank 1 exists.
+    let started = Instant::now();
+    let ctx = zmq::Context::new();
+    let mut held = Vec::new();
+    let mut raw = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) && raw.len() < 40 {
+        if let Ok(mut t) = std::net::TcpStream::connect(&addr) {
+            let _ = t.write_all(&[0x41; 4096]);
+            raw.push(t); // never read
+            let idle = std::net::TcpStream::connect(&addr).expect("connect");
+            raw.push(idle);
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for id in [[0u8, 0x6b, 0x8b, 0x45, 0x67], [0, 0x6b, 0x8b, 0x45, 0x68]] {
+        let claim = ctx.socket(zmq::DEALER).expect("socket");
+        claim.set_linger(0).expect("linger");
+        claim.set_identity(&id).expect("claim");
+        claim.connect(&format!("tcp://{addr}")).expect("connect");
+        claim.send(&b"hello"[..], 0).expect("send");
+        held.push(claim);
+        let plain = ctx.socket(zmq::DEALER).expect("socket");
+        plain.set_linger(0).expect("linger");
+        plain.connect(&format!("tcp://{addr}")).expect("connect");
+        plain.send(&b"hello"[..], 0).expect("send");
+        held.push(plain);
+    }
+    let one = rank("1", vec![("LENS_TCP_KEY", format!("hex:{hex}"))]);
+    let (zero, one) = (zero.join().expect("rank 0"), one.join().expect("rank 1"));
+    let _ = std::fs::remove_file(&key_file);
+    for (r, run) in [(0, &zero), (1, &one)] {
+        assert!(run.ok, "rank {r}: {}\n{}", run.stderr, run.stdout);
+        let want = format!("ok: rank {r}, 3 step(s) correlated with rank 0");
+        assert!(run.stdout.contains(&want), "rank {r}: {}", run.stdout);
+    }
+    drop((held, raw));
+}
