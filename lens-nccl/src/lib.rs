@@ -47,7 +47,6 @@
 /// at the same version.
 pub use cudarc;
 
-pub mod bench;
 mod device;
 mod probe;
 #[cfg(test)]
@@ -363,6 +362,32 @@ impl NcclBroadcaster {
                 .map_err(|e| nccl_err("ncclCommInitRank", e))
         })?;
         Self::with_options(comm, opts)
+    }
+
+    /// One broadcaster per local GPU, all in this process (`ncclCommInitAll`): a group on one
+    /// machine with no other transport to carry the NCCL id, as a benchmark or a test uses.
+    /// Run each rank's rounds on a thread of its own: a collective waits for every rank.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] without CUDA or NCCL; NCCL and CUDA failures as
+    /// [`Error::Transport`]; [`Error::Config`] for bad options.
+    pub fn on_every_device(opts: &NcclOptions) -> Result<Vec<Self>> {
+        opts.check()?;
+        let found = probe()?;
+        let streams = (0..found.devices)
+            .map(|d| {
+                let ctx = guarded("cuCtxCreate", || CudaContext::new(d))?
+                    .map_err(|e| cuda_err(&format!("opening device {d}"), e))?;
+                guarded("cuStreamCreate", || ctx.new_stream())?
+                    .map_err(|e| cuda_err("creating a stream", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let comms = guarded("ncclCommInitAll", || Comm::from_devices(streams))?
+            .map_err(|e| nccl_err("ncclCommInitAll", e))?;
+        comms
+            .into_iter()
+            .map(|c| Self::with_options(c, opts))
+            .collect()
     }
 
     /// Wraps a cudarc communicator, which lens then owns (its stream is used too), with

@@ -147,16 +147,29 @@ fn in_fake_init_without_the_peers_times_out() {
 #[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
 fn in_fake_bench_runs_on_every_gpu() {
     in_child();
-    let figures =
-        lens_nccl::bench::run(50, &lens_testkit::conformance::sample_context()).expect("bench");
-    assert_eq!(figures.len(), 2);
-    for f in &figures {
-        assert_eq!((f.ranks, f.samples_us.len()), (2, 50), "{}", f.op);
-        assert!(
-            f.bytes > 0 && f.samples_us.iter().all(|s| *s > 0.0),
-            "{f:?}"
-        );
-    }
+    // The bench's group: one rank per GPU in this process, raw and lens rounds interleaved.
+    let ranks = NcclBroadcaster::on_every_device(&NcclOptions::default()).expect("every GPU");
+    assert_eq!(ranks.len(), 2);
+    let carrier = lens_core::Carrier::from_context(&lens_testkit::conformance::sample_context());
+    let bytes = carrier.encode();
+    let got = lens_testkit::on_each_rank(&ranks, |b| {
+        let root = b.rank() == 0;
+        for _ in 0..50 {
+            let raw = b
+                .raw_broadcast(0, root.then_some(&bytes[..]), bytes.len())
+                .expect("raw");
+            assert_eq!(raw, bytes);
+            let cx = if root {
+                lens_testkit::conformance::sample_context()
+            } else {
+                opentelemetry::Context::new()
+            };
+            let lens = lens_core::blocking::broadcast_context(b, 0, &cx).expect("lens");
+            assert_eq!(lens.as_ref(), Some(&carrier));
+        }
+        b.rank()
+    });
+    assert_eq!(got, [0, 1]);
     // A device that does not exist is an error, not a panic.
     let one = LocalCluster::new(1).broadcasters();
     let r = futures::executor::block_on(NcclBroadcaster::bootstrap(&one[0], 5));

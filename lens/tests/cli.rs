@@ -167,6 +167,30 @@ fn bench_prints_json_lines_for_raw_and_lens() {
     );
 }
 
+/// The table has one line per operation, the ratio on the lens line only, and `--help`
+/// says what a sample is.
+#[test]
+fn bench_table_and_help_say_what_is_measured() {
+    let run = lens(&["bench", "--ranks", "2", "--iters", "20"], DEADLINE);
+    assert!(run.ok, "{}", run.stderr);
+    let rows: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", run.stdout);
+    assert_eq!((rows[0][1], rows[0].len()), ("raw", 4), "{}", run.stdout);
+    assert_eq!((rows[1][1], rows[1].len()), ("lens", 5), "{}", run.stdout);
+    assert!(rows[1][4].ends_with('x'), "{}", run.stdout);
+    let help = lens(&["bench", "--help"], DEADLINE);
+    assert!(
+        help.ok && help.stdout.contains("slowest rank's"),
+        "{}",
+        help.stdout
+    );
+}
+
 /// Without CUDA (as on CI) the NCCL bench says why, in one line, and fails; with a GPU it
 /// runs.
 #[cfg(feature = "nccl")]

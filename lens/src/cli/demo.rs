@@ -1,101 +1,45 @@
-//! `lens demo`: a pipeline-parallel job, on N in-process ranks or N processes over TCP.
+//! `lens demo`: runs a pipeline-parallel job on a backend, then shows and checks its trace.
+//! It knows no backend: each one forms its group and runs its ranks (`backends/`).
 
-use std::time::Duration;
+use lens::Parent;
 
-use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault};
-use lens::{Broadcaster, LinkedSpan, Parent, broadcast_context};
-use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt, Tracer};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::SdkTracer;
+use super::args::{DemoArgs, secs_arg};
+use super::backend::{Backend, DemoRun};
+use super::rank::{STAGE_SPAN, STEP_SPAN, parent_of};
+use super::record::{Job, SPAN_LINE, SpanRecord};
+use super::view;
 
-use super::record::{Job, SpanRecord};
-use super::{BackendArg, DemoArgs, ParentArg, view};
-
-/// Span names the demo writes.
-pub const STEP_SPAN: &str = "train_step";
-/// The later stages' span.
-pub const STAGE_SPAN: &str = "pp.recv_forward.linked";
-/// Step attribute.
-pub const STEP_KEY: &str = "nv.dl.step";
-
-/// A deadline given in seconds on the command line: positive and at most
-/// [`lens::MAX_TIMEOUT`] (a larger one would overflow the clock).
-pub fn secs_arg(name: &str, secs: f64) -> Result<Duration, String> {
-    let d = Duration::try_from_secs_f64(secs)
-        .map_err(|_| format!("{name} {secs} is not a positive number of seconds"))?;
-    lens::check_timeout(name, d).map_err(|e| e.to_string())
-}
-
-pub fn run(args: &DemoArgs) -> Result<(), String> {
+pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> {
     let timeout = secs_arg("--timeout", args.timeout)?;
-    match (args.backend, args.rank) {
-        (BackendArg::Local, None) => run_local(args, timeout),
-        (BackendArg::Local, Some(_)) => {
-            Err("--rank runs one rank of a multi-process job: add --backend tcp (or nccl)".into())
-        }
-        #[cfg(feature = "tcp")]
-        (BackendArg::Tcp, rank) => super::tcp::demo(args, rank, timeout),
-        #[cfg(feature = "mpi")]
-        (BackendArg::Mpi, None) => super::mpi::demo(args, timeout),
-        #[cfg(feature = "mpi")]
-        (BackendArg::Mpi, Some(_)) => Err("with --backend mpi the rank comes from mpirun".into()),
-        #[cfg(all(feature = "nccl", feature = "tcp"))]
-        (BackendArg::Nccl, rank) => super::tcp::demo(args, rank, timeout),
-        #[cfg(all(feature = "nccl", not(feature = "tcp")))]
-        (BackendArg::Nccl, _) => Err(
-            "the nccl demo bootstraps its ranks over TCP: build lens with the tcp and nccl features"
-                .into(),
-        ),
-    }
-}
-
-pub fn parent_of(arg: ParentArg) -> Parent {
-    match arg {
-        ParentArg::Current => Parent::Current,
-        ParentArg::Remote => Parent::Remote,
-    }
-}
-
-/// Each stage waits for the one before it. Timer resolution is about 1 ms, so a slot is at
-/// least that; a step of many ranks takes about `ranks` ms.
-pub fn slot_for(ranks: usize) -> Duration {
-    Duration::from_micros((40_000 / ranks.max(1) as u64).clamp(1_000, 4_000))
-}
-
-fn run_local(args: &DemoArgs, timeout: Duration) -> Result<(), String> {
-    let n = args.ranks as usize;
     let steps = args.steps as usize;
-    let mut builder = Cluster::builder(n).timeout(timeout);
-    for spec in &args.inject {
-        builder = inject(builder, spec, n)?;
-    }
-    let parent = parent_of(args.parent);
-    let slot = slot_for(n);
-    let report = builder
-        .build()
-        .run_blocking(move |rank| async move {
-            rank_main(&*rank.broadcaster, &rank.tracer, steps, parent, slot).await
-        })
-        .map_err(|e| format!("could not run the ranks: {e}"))?;
-    let mut job = Job::default();
-    for r in &report.ranks {
-        job.ranks.push(
-            r.spans
-                .iter()
-                .map(|s| SpanRecord::from_span(r.rank, s, STEP_KEY))
-                .collect(),
-        );
-        match &r.outcome {
-            None => job.absent.push(r.rank),
-            Some(Err(e)) => job.failures.push((r.rank, e.to_string(), e.is_timeout())),
-            Some(Ok(())) => {}
+    match backend.demo(args, timeout)? {
+        DemoRun::Job(job) => finish(&job, args, backend.name(), steps),
+        DemoRun::Rank {
+            rank,
+            outcome,
+            spans,
+        } => {
+            if args.emit_spans {
+                // For the launcher that started this rank (`launcher.rs`).
+                for s in &spans {
+                    println!("{SPAN_LINE}{}", s.to_json());
+                }
+            }
+            outcome.map_err(|e| format!("rank {rank}: {e}"))?;
+            if !args.emit_spans {
+                println!(
+                    "{}",
+                    verify_rank(rank, &spans, steps, parent_of(args.parent))?
+                );
+            }
+            Ok(())
         }
+        DemoRun::Reported => Ok(()),
     }
-    finish(&job, args, "local", steps)
 }
 
 /// Prints the view, writes `--out`, checks correlation; `Err` is the one-line reason.
-pub fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result<(), String> {
+fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result<(), String> {
     if !args.quiet {
         print!("{}", view::waterfall(job, args.parent, backend));
     }
@@ -109,68 +53,6 @@ pub fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result
     }
     let summary = verify(job, steps, parent_of(args.parent))?;
     println!("{summary}");
-    Ok(())
-}
-
-fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilder, String> {
-    let parts: Vec<&str> = spec.split(':').collect();
-    let rank = |s: &str| -> Result<usize, String> {
-        s.parse::<usize>()
-            .ok()
-            .filter(|r| *r < n)
-            .ok_or_else(|| format!("--inject {spec:?}: {s:?} is not a rank below {n}"))
-    };
-    match parts.as_slice() {
-        ["absent", r] => Ok(builder.absent(rank(r)?)),
-        ["corrupt", r] => Ok(builder.fault(rank(r)?, Fault::Corrupt(Corruption::Truncate))),
-        ["delay", r, ms] => {
-            let ms: u64 = ms
-                .parse()
-                .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
-            Ok(builder.fault(rank(r)?, Fault::Delay(Duration::from_millis(ms))))
-        }
-        _ => Err(format!(
-            "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
-        )),
-    }
-}
-
-/// One rank of the pipeline: rank 0 opens each step and broadcasts it; the later stages
-/// open linked spans once the activations would reach them.
-pub async fn rank_main(
-    b: &dyn Broadcaster,
-    tracer: &SdkTracer,
-    steps: usize,
-    parent: Parent,
-    slot: Duration,
-) -> lens::Result<()> {
-    let r = b.rank();
-    for step in 0..steps {
-        let step_attr = KeyValue::new(STEP_KEY, step as i64);
-        if r == 0 {
-            let span = tracer
-                .span_builder(STEP_SPAN)
-                .with_attributes([step_attr])
-                .start(tracer);
-            let cx = Context::new().with_span(span);
-            broadcast_context(b, 0, &cx).await?;
-            // The step lasts until the last stage is done.
-            tokio::time::sleep(slot * b.world_size() as u32).await;
-            cx.span().end();
-        } else {
-            let remote = broadcast_context(b, 0, &Context::new()).await?;
-            // Activations reach stage r after the r stages before it.
-            tokio::time::sleep(slot * r as u32).await;
-            let mut span = LinkedSpan::builder(STAGE_SPAN)
-                .remote(&remote)
-                .parent(parent)
-                .kind(SpanKind::Consumer)
-                .attributes([step_attr, KeyValue::new("pp.stage", r as i64)])
-                .start_with_context(tracer, &Context::new());
-            tokio::time::sleep(slot).await;
-            span.end();
-        }
-    }
     Ok(())
 }
 
@@ -196,7 +78,7 @@ fn failure_line(job: &Job) -> Option<String> {
 }
 
 /// Checks the correlation the demo promises; returns a one-line summary or a one-line reason.
-pub fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String> {
+fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String> {
     if let Some(line) = failure_line(job) {
         return Err(line);
     }
@@ -252,41 +134,40 @@ pub fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String>
     ))
 }
 
-/// Runs the demo as the one rank `b` of a multi-process job, with its own tracer provider,
-/// and returns its outcome and its finished spans.
-#[cfg(any(feature = "tcp", feature = "mpi"))]
-pub fn run_one_rank(
-    b: &dyn Broadcaster,
-    args: &DemoArgs,
-) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-
-    let exporter = InMemorySpanExporter::default();
-    let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_resource(info.resource())
-        .build();
-    let tracer = provider.tracer("lens-demo");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    let steps = args.steps as usize;
-    let outcome = rt.block_on(rank_main(
-        b,
-        &tracer,
-        steps,
-        parent_of(args.parent),
-        slot_for(b.world_size()),
-    ));
-    let _ = provider.force_flush();
-    let spans = exporter
-        .get_finished_spans()
-        .unwrap_or_default()
-        .iter()
-        .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY))
-        .collect();
-    Ok((outcome, spans))
+/// What one rank can check alone: its spans link to rank 0's step span (and are its
+/// children with --parent remote).
+fn verify_rank(
+    rank: usize,
+    spans: &[SpanRecord],
+    steps: usize,
+    parent: Parent,
+) -> Result<String, String> {
+    let name = if rank == 0 { STEP_SPAN } else { STAGE_SPAN };
+    let mine: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
+    if mine.len() != steps {
+        return Err(format!(
+            "rank {rank} recorded {} {name} spans, expected {steps}",
+            mine.len()
+        ));
+    }
+    if rank > 0 {
+        for s in mine {
+            let link = s
+                .links
+                .iter()
+                .find(|l| l.source_rank == Some(0))
+                .ok_or_else(|| format!("rank {rank}, step {:?}: no link to rank 0", s.step))?;
+            if parent == Parent::Remote
+                && (s.trace_id != link.trace_id || s.parent_span_id != link.span_id)
+            {
+                return Err(format!(
+                    "rank {rank}, step {:?}: not a child of rank 0's {STEP_SPAN}",
+                    s.step
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "ok: rank {rank}, {steps} step(s) correlated with rank 0"
+    ))
 }

@@ -6,11 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lens::link::attributes::LINK_SOURCE_RANK;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
-#[cfg(any(feature = "tcp", feature = "mpi"))]
 use serde_json::{Value as Json, json};
 
 /// Prefix of a span line a rank process prints.
-#[cfg(feature = "tcp")]
 pub const SPAN_LINE: &str = "lens-span ";
 
 /// A link of a [`SpanRecord`].
@@ -79,7 +77,6 @@ impl SpanRecord {
         }
     }
 
-    #[cfg(any(feature = "tcp", feature = "mpi"))]
     pub fn to_json(&self) -> Json {
         json!({
             "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
@@ -91,7 +88,7 @@ impl SpanRecord {
         })
     }
 
-    #[cfg(any(feature = "tcp", feature = "mpi"))]
+    #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
     pub fn from_json(v: &Json) -> Option<Self> {
         let s = |k: &str| v.get(k).and_then(Json::as_str).map(str::to_owned);
         Some(SpanRecord {

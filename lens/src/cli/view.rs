@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
-use super::ParentArg;
-use super::demo::STEP_SPAN;
+use super::args::ParentArg;
+use super::rank::STEP_SPAN;
 use super::record::{Job, SpanRecord};
 
 const WIDTH: usize = 48;

@@ -1,0 +1,136 @@
+//! The command line: what `lens demo` and `lens bench` accept.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// lens: one OpenTelemetry trace for a whole distributed job.
+#[derive(Debug, Parser)]
+#[command(name = "lens", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Simulate a pipeline-parallel job on N in-process ranks and show its trace.
+    Demo(DemoArgs),
+    /// Measure lens's trace-context broadcast against the backend's raw transport.
+    ///
+    /// Operations: the backend's baselines (`raw`: one broadcast of the carrier's bytes on
+    /// the bare transport; with mpi also `two_collective`, the Python reference's length-then-
+    /// bytes scheme) and `lens` (encode, the backend's broadcast, decode on every rank). The
+    /// timed rounds are spread over 16 blocks; each block runs every operation in turn after
+    /// 10 untimed rounds. Before each round every rank waits at a barrier; the round's time is
+    /// the slowest rank's, which is what a collective costs the job. Printed: the median and
+    /// 99th percentile in µs, and `lens/raw` (ratio of the medians) on the lens row; with
+    /// --json one object per line: backend, ranks, op, bytes, iters, median_us, p99_us, and
+    /// ratio_vs_<op> for each baseline on the lens line.
+    #[command(verbatim_doc_comment)]
+    Bench(BenchArgs),
+}
+
+/// Which span the later stages' spans are children of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ParentArg {
+    /// The rank's own current span (as NeMo Lens does); stages are only linked.
+    Current,
+    /// Rank 0's `train_step`: the whole step is one trace.
+    Remote,
+}
+
+/// The transport to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendArg {
+    /// N ranks in this process.
+    Local,
+    /// ZeroMQ over TCP: N processes on 127.0.0.1, or one rank of a real job with --rank.
+    #[cfg(feature = "tcp")]
+    Tcp,
+    /// MPI: run under mpirun, one rank per process (the group is MPI_COMM_WORLD).
+    #[cfg(feature = "mpi")]
+    Mpi,
+    /// NCCL, one rank per GPU: N processes on this machine (bootstrapped over loopback TCP),
+    /// or one rank of a real job with --rank; the bench uses every local GPU.
+    #[cfg(feature = "nccl")]
+    Nccl,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    pub(crate) backend: BackendArg,
+    /// Number of ranks (pipeline stages).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) ranks: u32,
+    /// Training steps.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) steps: u32,
+    /// Parent of the later stages' spans.
+    #[arg(long, value_enum, default_value_t = ParentArg::Remote)]
+    pub(crate) parent: ParentArg,
+    /// Write Chrome trace event JSON here (opens in Perfetto and chrome://tracing).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Deadline of each collective, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) timeout: f64,
+    /// Inject a fault to see how failures look: `absent:R`, `corrupt:R` or `delay:R:MS`.
+    #[arg(long, value_name = "FAULT")]
+    pub(crate) inject: Vec<String>,
+    /// Print no terminal view, only the verdict.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Run only this rank of a multi-process job (with --backend tcp or nccl). World size,
+    /// address and key come from --world, --addr and the environment (WORLD_SIZE,
+    /// MASTER_ADDR/MASTER_PORT or LENS_TCP_ADDR, LENS_TCP_KEY_FILE or LENS_TCP_KEY).
+    #[arg(long)]
+    pub(crate) rank: Option<u32>,
+    /// Number of ranks of the multi-process job (with --rank).
+    #[arg(long)]
+    pub(crate) world: Option<u32>,
+    /// Rendezvous address HOST:PORT of the multi-process job (rank 0 binds it).
+    #[arg(long)]
+    pub(crate) addr: Option<String>,
+    /// How long ranks wait for the whole group to join, in seconds (with --rank; default
+    /// LENS_TCP_JOIN_TIMEOUT, else 60).
+    #[arg(long)]
+    pub(crate) join_timeout: Option<f64>,
+    /// GPU of this rank with --backend nccl and --rank (default: LOCAL_RANK, else 0).
+    #[arg(long)]
+    pub(crate) device: Option<u32>,
+    /// Print this rank's spans as JSON lines (used when `lens demo` starts the ranks).
+    #[arg(long, hide = true)]
+    pub(crate) emit_spans: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    pub(crate) backend: BackendArg,
+    /// Group sizes, comma-separated (local and tcp; mpi takes the size from mpirun, nccl
+    /// uses every local GPU).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4, 8])]
+    pub(crate) ranks: Vec<usize>,
+    /// Timed rounds per operation and size.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) iters: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// TCP only: tree fan-out of lens's group (default: a star from rank 0).
+    #[arg(long)]
+    pub(crate) fan_out: Option<usize>,
+}
+
+/// A deadline given in seconds on the command line: positive and at most
+/// [`lens::MAX_TIMEOUT`] (a larger one would overflow the clock).
+pub(crate) fn secs_arg(name: &str, secs: f64) -> Result<Duration, String> {
+    let d = Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{name} {secs} is not a positive number of seconds"))?;
+    lens::check_timeout(name, d).map_err(|e| e.to_string())
+}

@@ -1,0 +1,128 @@
+//! The in-process backend: N ranks in this process (`lens::testkit`), with faults on demand.
+
+use std::time::Duration;
+
+use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, LocalBroadcaster, LocalCluster};
+use lens::{Broadcaster, blocking};
+
+use super::super::args::{BenchArgs, DemoArgs};
+use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::measure::{BenchRank, Measured, Plan, on_threads};
+use super::super::rank::{STEP_KEY, parent_of, rank_main, slot_for};
+use super::super::record::{Job, SpanRecord};
+
+/// Most ranks the bench runs, one thread each.
+const MAX_BENCH_RANKS: usize = 256;
+
+pub(crate) struct Local;
+
+impl Backend for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
+        if args.rank.is_some() {
+            return Err(
+                "--rank runs one rank of a multi-process job: add --backend tcp (or nccl)".into(),
+            );
+        }
+        let n = args.ranks as usize;
+        let steps = args.steps as usize;
+        let mut builder = Cluster::builder(n).timeout(timeout);
+        for spec in &args.inject {
+            builder = inject(builder, spec, n)?;
+        }
+        let parent = parent_of(args.parent);
+        let slot = slot_for(n);
+        let report = builder
+            .build()
+            .run_blocking(move |rank| async move {
+                rank_main(&*rank.broadcaster, &rank.tracer, steps, parent, slot).await
+            })
+            .map_err(|e| format!("could not run the ranks: {e}"))?;
+        let mut job = Job::default();
+        for r in &report.ranks {
+            job.ranks.push(
+                r.spans
+                    .iter()
+                    .map(|s| SpanRecord::from_span(r.rank, s, STEP_KEY))
+                    .collect(),
+            );
+            match &r.outcome {
+                None => job.absent.push(r.rank),
+                Some(Err(e)) => job.failures.push((r.rank, e.to_string(), e.is_timeout())),
+                Some(Ok(())) => {}
+            }
+        }
+        Ok(DemoRun::Job(job))
+    }
+
+    fn bench(&self, args: &BenchArgs, plan: &Plan) -> Result<Option<BenchReport>, String> {
+        if args.fan_out.is_some() {
+            return Err("--fan-out applies to --backend tcp".into());
+        }
+        if let Some(bad) = args
+            .ranks
+            .iter()
+            .find(|n| **n == 0 || **n > MAX_BENCH_RANKS)
+        {
+            return Err(format!(
+                "--ranks {bad}: the local bench takes 1 to {MAX_BENCH_RANKS} ranks"
+            ));
+        }
+        let mut groups = Vec::new();
+        for &n in &args.ranks {
+            let ranks: Vec<LocalRank> = LocalCluster::new(n)
+                .timeout(Duration::from_secs(30))
+                .broadcasters()
+                .into_iter()
+                .map(LocalRank)
+                .collect();
+            groups.push(Measured::new(n, self.baselines(), on_threads(ranks, plan)?));
+        }
+        Ok(Some(BenchReport {
+            setting: "in-process channels, one thread per rank".into(),
+            groups,
+        }))
+    }
+}
+
+/// A rank of the local bench: its raw baseline is the group's own broadcast of the bytes.
+struct LocalRank(LocalBroadcaster);
+
+impl BenchRank for LocalRank {
+    fn group(&self) -> &dyn Broadcaster {
+        &self.0
+    }
+
+    fn baseline(&mut self, _: usize, bytes: &[u8]) -> Result<(), String> {
+        let payload = (self.0.rank() == 0).then_some(bytes);
+        let got = blocking::broadcast(&self.0, 0, payload).map_err(|e| format!("raw: {e}"))?;
+        std::hint::black_box(got);
+        Ok(())
+    }
+}
+
+fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilder, String> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let rank = |s: &str| -> Result<usize, String> {
+        s.parse::<usize>()
+            .ok()
+            .filter(|r| *r < n)
+            .ok_or_else(|| format!("--inject {spec:?}: {s:?} is not a rank below {n}"))
+    };
+    match parts.as_slice() {
+        ["absent", r] => Ok(builder.absent(rank(r)?)),
+        ["corrupt", r] => Ok(builder.fault(rank(r)?, Fault::Corrupt(Corruption::Truncate))),
+        ["delay", r, ms] => {
+            let ms: u64 = ms
+                .parse()
+                .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
+            Ok(builder.fault(rank(r)?, Fault::Delay(Duration::from_millis(ms))))
+        }
+        _ => Err(format!(
+            "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
+        )),
+    }
+}

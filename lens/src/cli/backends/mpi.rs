@@ -1,0 +1,153 @@
+//! MPI, run under mpirun: one rank per process, the group is MPI_COMM_WORLD. Rank 0 gathers
+//! the demo's spans and the bench's times over MPI and reports them.
+
+use std::time::Duration;
+
+use lens::Broadcaster;
+use lens::mpi::MpiBroadcaster;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::super::args::{BenchArgs, DemoArgs};
+use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::measure::{BenchRank, Measured, Plan, run_rank};
+use super::super::rank::run_one_rank;
+use super::super::record::{Job, SpanRecord};
+
+pub(crate) struct Mpi;
+
+/// Ends this rank at once: a collective may be pending, so MPI cannot be finalised, and the
+/// launcher stops the other ranks when one exits non-zero.
+fn die(rank: i32, why: &str) -> ! {
+    eprintln!("lens: rank {rank}: {why}");
+    std::process::exit(1)
+}
+
+impl Backend for Mpi {
+    fn name(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
+        if args.rank.is_some() {
+            return Err("with --backend mpi the rank comes from mpirun".into());
+        }
+        if !args.inject.is_empty() {
+            return Err("--inject works with the local backend".into());
+        }
+        let universe = mpi::initialize().ok_or("MPI was already initialised")?;
+        let world = universe.world();
+        let (rank, size) = (world.rank(), world.size());
+        let group = MpiBroadcaster::builder(world.duplicate())
+            .timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (outcome, mine) = run_one_rank(&group, args.steps as usize, args.parent)?;
+        if let Err(e) = outcome {
+            die(rank, &e.to_string());
+        }
+        // Rank 0 collects every rank's spans to check and draw the whole job.
+        let bytes = serde_json::to_vec(&mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>())
+            .map_err(|e| e.to_string())?;
+        if rank != 0 {
+            world.process_at_rank(0).send(&bytes[..]);
+            return Ok(DemoRun::Reported);
+        }
+        let mut job = Job::default();
+        job.ranks.push(mine);
+        for r in 1..size {
+            let (theirs, _) = world.process_at_rank(r).receive_vec::<u8>();
+            let list: Vec<serde_json::Value> =
+                serde_json::from_slice(&theirs).map_err(|e| format!("rank {r}'s spans: {e}"))?;
+            job.ranks
+                .push(list.iter().filter_map(SpanRecord::from_json).collect());
+        }
+        Ok(DemoRun::Job(job))
+    }
+
+    /// `raw` is one `MPI_Bcast` of the bytes; `two_collective` is the Python reference's
+    /// scheme: an int64 length, then the bytes.
+    fn baselines(&self) -> &'static [&'static str] {
+        &["raw", "two_collective"]
+    }
+
+    fn bench(&self, args: &BenchArgs, plan: &Plan) -> Result<Option<BenchReport>, String> {
+        if args.fan_out.is_some() {
+            return Err("--fan-out applies to --backend tcp".into());
+        }
+        let universe = mpi::initialize().ok_or("MPI was already initialised")?;
+        let world = universe.world();
+        let mut me = MpiRank {
+            group: MpiBroadcaster::new(world.duplicate()).map_err(|e| e.to_string())?,
+            world: &world,
+        };
+        let mine = match run_rank(
+            &mut me,
+            &mut || {
+                world.barrier();
+                Ok(())
+            },
+            plan,
+        ) {
+            Ok(t) => t,
+            Err(e) => die(world.rank(), &e),
+        };
+        // The slowest rank's time of each round, on rank 0.
+        let root = world.process_at_rank(0);
+        let max = mpi::collective::SystemOperation::max();
+        let mut slowest = Vec::with_capacity(mine.len());
+        for op_times in &mine {
+            if world.rank() == 0 {
+                let mut out = vec![0.0f64; op_times.len()];
+                root.reduce_into_root(&op_times[..], &mut out[..], max);
+                slowest.push(out);
+            } else {
+                root.reduce_into(&op_times[..], max);
+            }
+        }
+        if world.rank() != 0 {
+            return Ok(None);
+        }
+        let n = usize::try_from(world.size()).unwrap_or(0);
+        Ok(Some(BenchReport {
+            setting: "MPI_COMM_WORLD under mpirun, one process per rank".into(),
+            groups: vec![Measured::new(n, self.baselines(), slowest)],
+        }))
+    }
+}
+
+struct MpiRank<'a> {
+    group: MpiBroadcaster,
+    world: &'a SimpleCommunicator,
+}
+
+impl BenchRank for MpiRank<'_> {
+    fn group(&self) -> &dyn Broadcaster {
+        &self.group
+    }
+
+    fn baseline(&mut self, i: usize, carrier: &[u8]) -> Result<(), String> {
+        let rank = self.world.rank();
+        let root = self.world.process_at_rank(0);
+        if i == 1 {
+            let mut len: i64 = if rank == 0 { carrier.len() as i64 } else { 0 };
+            root.broadcast_into(&mut len);
+            let mut buf = if rank == 0 {
+                carrier.to_vec()
+            } else {
+                vec![0u8; usize::try_from(len).unwrap_or(0)]
+            };
+            root.broadcast_into(&mut buf[..]);
+            std::hint::black_box(&buf);
+        } else {
+            let mut buf = if rank == 0 {
+                carrier.to_vec()
+            } else {
+                vec![0u8; carrier.len()]
+            };
+            root.broadcast_into(&mut buf[..]);
+            std::hint::black_box(&buf);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,290 @@
+//! ZeroMQ over TCP: a demo job of N processes on 127.0.0.1 (or one rank of a real job with
+//! `--rank`), and the bench against a raw ZeroMQ ROUTER/DEALER exchange. The NCCL backend
+//! meets its ranks the same way (`nccl.rs`).
+
+use std::process::Command;
+use std::time::Duration;
+
+use lens::Broadcaster;
+use lens::tcp::{TcpBroadcaster, TcpConfig, TcpConfigBuilder};
+
+use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
+use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::launcher;
+use super::super::measure::{BenchRank, Measured, Plan, on_threads};
+use super::super::rank::run_one_rank;
+use super::super::record::Job;
+
+/// Most ranks the bench runs, one thread (and two sockets) each.
+const MAX_BENCH_RANKS: usize = 256;
+/// How long a raw baseline round waits for a peer before the bench fails.
+const RAW_TIMEOUT_MS: i64 = 30_000;
+
+pub(crate) struct Tcp;
+
+impl Backend for Tcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
+        if !args.inject.is_empty() {
+            return Err(
+                "--inject works with the local backend; with tcp, stop a rank's process instead"
+                    .into(),
+            );
+        }
+        match args.rank {
+            Some(rank) => {
+                let rank = rank as usize;
+                let group = join(args, rank, timeout)?;
+                let (outcome, spans) = run_one_rank(&group, args.steps as usize, args.parent)?;
+                Ok(DemoRun::Rank {
+                    rank,
+                    outcome,
+                    spans,
+                })
+            }
+            None => spawn_job(self.name(), args, timeout).map(DemoRun::Job),
+        }
+    }
+
+    fn bench(&self, args: &BenchArgs, plan: &Plan) -> Result<Option<BenchReport>, String> {
+        if let Some(bad) = args.ranks.iter().find(|n| **n < 2 || **n > MAX_BENCH_RANKS) {
+            return Err(format!(
+                "--ranks {bad}: the tcp bench takes 2 to {MAX_BENCH_RANKS} ranks"
+            ));
+        }
+        let mut groups = Vec::new();
+        for &n in &args.ranks {
+            let lens = lens_group(n, args.fan_out)?;
+            let raw = raw_sockets(n)?;
+            let ranks: Vec<TcpRank> = lens.into_iter().zip(raw).map(TcpRank::new).collect();
+            groups.push(Measured::new(n, self.baselines(), on_threads(ranks, plan)?));
+        }
+        let shape = args.fan_out.map_or("lens as a star".to_owned(), |k| {
+            format!("lens with fan-out {k}")
+        });
+        Ok(Some(BenchReport {
+            setting: format!("loopback, one thread per rank, {shape}"),
+            groups,
+        }))
+    }
+}
+
+/// This process's rank of a real (possibly multi-host) job: the environment as torchrun
+/// sets it, with the command line on top.
+pub(crate) fn join(
+    args: &DemoArgs,
+    rank: usize,
+    timeout: Duration,
+) -> Result<TcpBroadcaster, String> {
+    let mut builder = TcpConfigBuilder::from_env().rank(rank).timeout(timeout);
+    if let Some(world) = args.world {
+        builder = builder.world_size(world as usize);
+    }
+    if let Some(addr) = &args.addr {
+        builder = builder.addr(addr.clone());
+    }
+    if let Some(secs) = args.join_timeout {
+        builder = builder.join_timeout(secs_arg("--join-timeout", secs)?);
+    }
+    let config = builder.build().map_err(|e| format!("rank {rank}: {e}"))?;
+    TcpBroadcaster::connect(config).map_err(|e| format!("rank {rank}: {e}"))
+}
+
+/// `--ranks N`: N processes of this program on 127.0.0.1, one rank each (rank r on GPU r
+/// with nccl), meeting over TCP with a fresh job key.
+pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Result<Job, String> {
+    let n = args.ranks as usize;
+    let steps = args.steps;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free loopback port: {e}"))?
+        .port();
+    let key = KeyFile::new(&random_hex(32)?)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let parent = match args.parent {
+        ParentArg::Current => "current",
+        ParentArg::Remote => "remote",
+    };
+    let command = |rank: usize| {
+        let mut c = Command::new(&exe);
+        c.args(["demo", "--backend", backend, "--emit-spans", "--quiet"])
+            .args(["--device", &rank.to_string()])
+            .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
+            .args(["--addr", &format!("127.0.0.1:{port}")])
+            .args(["--steps", &steps.to_string(), "--parent", parent])
+            .args(["--timeout", &args.timeout.to_string()])
+            .env(lens::tcp::env::KEY_FILE, &key.0)
+            .env_remove(lens::tcp::env::KEY);
+        c
+    };
+    let deadline = Duration::from_secs(60) + timeout * (steps + 2);
+    launcher::run_ranks(n, command, deadline)
+}
+
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b).map_err(|e| format!("no randomness for a job key: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The job key of spawned ranks, in a file only this user can read (not in the
+/// environment, which child processes inherit); removed when dropped.
+struct KeyFile(std::path::PathBuf);
+
+impl KeyFile {
+    fn new(key: &str) -> Result<KeyFile, String> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = std::env::temp_dir().join(format!(
+            "lens-demo-{}-{}.key",
+            std::process::id(),
+            &key[..8]
+        ));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
+        f.write_all(key.as_bytes())
+            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
+        Ok(KeyFile(path))
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// lens's group of `n` ranks on loopback, formed on one thread per rank.
+fn lens_group(n: usize, fan_out: Option<usize>) -> Result<Vec<TcpBroadcaster>, String> {
+    let key = random_hex(32)?;
+    let cfg = |rank: usize, addr: &str| {
+        let mut b = TcpConfig::builder()
+            .rank(rank)
+            .world_size(n)
+            .addr(addr)
+            .key(&key)
+            .timeout(Duration::from_secs(30));
+        if let Some(k) = fan_out {
+            b = b.fan_out(k);
+        }
+        b.build().map_err(|e| e.to_string())
+    };
+    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")?).map_err(|e| e.to_string())?;
+    let addr = hub.local_addr().ok_or("rank 0 has no address")?.to_string();
+    let others = (1..n)
+        .map(|r| TcpBroadcaster::start(cfg(r, &addr)?).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = std::iter::once(hub)
+            .chain(others)
+            .map(|r| s.spawn(move || r.finish()))
+            .collect();
+        let mut ranks = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| "a rank's thread failed".to_string())?
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ranks.sort_by_key(Broadcaster::rank);
+        Ok(ranks)
+    })
+}
+
+fn zerr(e: zmq::Error) -> String {
+    format!("zmq: {e}")
+}
+
+/// A rank's socket of the raw baseline: no lens code, no framing, no authentication.
+enum Raw {
+    /// Rank 0: a ROUTER that sends the bytes to every DEALER and waits for their acks.
+    Router { socket: zmq::Socket, peers: usize },
+    /// Every other rank: a DEALER that receives the bytes and acks them.
+    Dealer(zmq::Socket),
+}
+
+/// The raw group: a ROUTER at rank 0 and a DEALER per other rank, each with its own
+/// context (and so its own I/O thread), as separate processes and `TcpBroadcaster`s have.
+fn raw_sockets(n: usize) -> Result<Vec<Raw>, String> {
+    let router = zmq::Context::new().socket(zmq::ROUTER).map_err(zerr)?;
+    router.set_linger(0).map_err(zerr)?;
+    router.bind("tcp://127.0.0.1:0").map_err(zerr)?;
+    let endpoint = router
+        .get_last_endpoint()
+        .map_err(zerr)?
+        .map_err(|_| "no endpoint".to_string())?;
+    let mut dealers = Vec::new();
+    for r in 1..n {
+        let d = zmq::Context::new().socket(zmq::DEALER).map_err(zerr)?;
+        d.set_linger(0).map_err(zerr)?;
+        d.set_identity(format!("r{r}").as_bytes()).map_err(zerr)?;
+        d.connect(&endpoint).map_err(zerr)?;
+        d.send(&b"hello"[..], 0).map_err(zerr)?;
+        dealers.push(Raw::Dealer(d));
+    }
+    for _ in 1..n {
+        if router.poll(zmq::POLLIN, 10_000).map_err(zerr)? == 0 {
+            return Err("the raw group did not form".into());
+        }
+        router.recv_multipart(0).map_err(zerr)?;
+    }
+    let root = Raw::Router {
+        socket: router,
+        peers: n - 1,
+    };
+    Ok(std::iter::once(root).chain(dealers).collect())
+}
+
+struct TcpRank {
+    lens: TcpBroadcaster,
+    raw: Raw,
+}
+
+impl TcpRank {
+    fn new((lens, raw): (TcpBroadcaster, Raw)) -> Self {
+        TcpRank { lens, raw }
+    }
+}
+
+fn ready(socket: &zmq::Socket) -> Result<(), String> {
+    match socket.poll(zmq::POLLIN, RAW_TIMEOUT_MS).map_err(zerr)? {
+        0 => Err("a raw round timed out".into()),
+        _ => Ok(()),
+    }
+}
+
+impl BenchRank for TcpRank {
+    fn group(&self) -> &dyn Broadcaster {
+        &self.lens
+    }
+
+    fn baseline(&mut self, _: usize, bytes: &[u8]) -> Result<(), String> {
+        match &self.raw {
+            Raw::Router { socket, peers } => {
+                for r in 1..=*peers {
+                    socket
+                        .send_multipart([format!("r{r}").as_bytes(), bytes], 0)
+                        .map_err(zerr)?;
+                }
+                for _ in 0..*peers {
+                    ready(socket)?;
+                    socket.recv_multipart(0).map_err(zerr)?;
+                }
+            }
+            Raw::Dealer(socket) => {
+                ready(socket)?;
+                std::hint::black_box(socket.recv_bytes(0).map_err(zerr)?);
+                socket.send(&b"ack"[..], 0).map_err(zerr)?;
+            }
+        }
+        Ok(())
+    }
+}

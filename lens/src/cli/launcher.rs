@@ -1,0 +1,104 @@
+//! Starts the ranks of a demo job as processes of this program on this machine, reads what
+//! they print while they run, and gathers their spans and failures into one [`Job`].
+
+use std::io::{BufRead as _, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::record::{Job, SPAN_LINE, SpanRecord};
+
+/// Kills every child still running when dropped, so that no rank outlives a failed launch.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Reads a pipe to its end on a thread of its own, so that a child never stalls on a full
+/// pipe, whichever of its two pipes it writes.
+fn drain<T: Send + 'static>(
+    pipe: Option<impl Read + Send + 'static>,
+    read: impl FnOnce(BufReader<Box<dyn Read + Send>>) -> T + Send + 'static,
+) -> JoinHandle<Option<T>> {
+    std::thread::spawn(move || {
+        pipe.map(|p| read(BufReader::new(Box::new(p) as Box<dyn Read + Send>)))
+    })
+}
+
+/// Runs `n` ranks, rank `r` as `command(r)` (which prints its spans as span lines and a
+/// one-line reason on stderr when it fails), until all have exited or `deadline` has passed.
+pub(crate) fn run_ranks(
+    n: usize,
+    command: impl Fn(usize) -> Command,
+    deadline: Duration,
+) -> Result<Job, String> {
+    let mut children = Children(Vec::with_capacity(n));
+    let mut readers = Vec::with_capacity(n);
+    for rank in 0..n {
+        let mut child = command(rank)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
+        let spans = drain(child.stdout.take(), |r| {
+            r.lines()
+                .map_while(Result::ok)
+                .filter_map(|l| {
+                    let json = serde_json::from_str(l.strip_prefix(SPAN_LINE)?).ok()?;
+                    SpanRecord::from_json(&json)
+                })
+                .collect::<Vec<_>>()
+        });
+        let stderr = drain(child.stderr.take(), |mut r| {
+            let mut text = String::new();
+            let _ = r.read_to_string(&mut text);
+            text
+        });
+        children.0.push(child);
+        readers.push((spans, stderr));
+    }
+    let until = Instant::now() + deadline;
+    let mut status = vec![None; n];
+    while status.iter().any(Option::is_none) {
+        if Instant::now() > until {
+            return Err(format!(
+                "ranks still running after {deadline:?}: {:?}",
+                (0..n).filter(|&r| status[r].is_none()).collect::<Vec<_>>()
+            ));
+        }
+        for (rank, child) in children.0.iter_mut().enumerate() {
+            if status[rank].is_none() {
+                status[rank] = child
+                    .try_wait()
+                    .map_err(|e| format!("waiting for rank {rank}: {e}"))?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut job = Job::default();
+    for (rank, (spans, stderr)) in readers.into_iter().enumerate() {
+        let lost = || format!("reading rank {rank}'s output failed");
+        job.ranks
+            .push(spans.join().map_err(|_| lost())?.unwrap_or_default());
+        let stderr = stderr.join().map_err(|_| lost())?.unwrap_or_default();
+        if status[rank].is_some_and(|s| !s.success()) {
+            let reason = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("exited with an error")
+                .trim_start_matches("lens: ")
+                .to_owned();
+            let timeout = reason.contains("timed out");
+            job.failures.push((rank, reason, timeout));
+        }
+    }
+    Ok(job)
+}

@@ -1,0 +1,260 @@
+//! The bench method, the same for every backend.
+//!
+//! - **Operations.** Each backend's baselines (`raw` first: one broadcast of the carrier's
+//!   bytes on the bare transport) and `lens` (`broadcast_context` from rank 0: encode, the
+//!   backend's broadcast, decode on every rank).
+//! - **Interleaving.** The timed rounds are spread over [`BLOCKS`] blocks; each block runs
+//!   every operation in turn, [`WARMUP`] untimed rounds first, so that a slow phase of the
+//!   machine falls on all operations alike.
+//! - **One sample.** Every rank waits at a barrier, then times its own call. The round's
+//!   time is the slowest rank's: what a collective costs the job, since the job goes on only
+//!   when every rank has the bytes.
+//! - **Statistic.** The median and the 99th percentile of those samples, in µs; `lens/raw`
+//!   is the ratio of the medians.
+
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use lens::{Broadcaster, blocking};
+use opentelemetry::Context;
+
+/// Blocks the timed rounds are spread over.
+pub(crate) const BLOCKS: usize = 16;
+/// Untimed rounds of each operation at the start of each block.
+pub(crate) const WARMUP: usize = 10;
+/// Longest wait at a barrier: past it a rank is taken for stuck, and the bench fails.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What every rank runs: the same bytes and rounds for every operation.
+pub(crate) struct Plan {
+    /// How many baselines come before lens ([`super::backend::Backend::baselines`]).
+    pub(crate) baselines: usize,
+    /// Timed rounds per operation.
+    pub(crate) iters: usize,
+    /// The carrier's bytes, which the baselines broadcast.
+    pub(crate) bytes: Vec<u8>,
+    /// The context lens broadcasts from rank 0 (whose carrier is `bytes`).
+    pub(crate) cx: Context,
+}
+
+/// One rank's part of a bench group.
+pub(crate) trait BenchRank {
+    /// lens's group on this rank.
+    fn group(&self) -> &dyn Broadcaster;
+    /// One round of baseline `i`: rank 0 sends `bytes`; every rank has them on return.
+    fn baseline(&mut self, i: usize, bytes: &[u8]) -> Result<(), String>;
+}
+
+/// One group size's figures: the slowest rank's round times, per operation.
+pub(crate) struct Measured {
+    pub(crate) ranks: usize,
+    /// The baselines in order, then `lens`.
+    pub(crate) ops: Vec<(&'static str, Vec<f64>)>,
+}
+
+impl Measured {
+    /// Names the columns of `slowest` (from [`run_rank`] or [`on_threads`]).
+    pub(crate) fn new(ranks: usize, baselines: &[&'static str], slowest: Vec<Vec<f64>>) -> Self {
+        let names = baselines.iter().copied().chain(["lens"]);
+        Measured {
+            ranks,
+            ops: names.zip(slowest).collect(),
+        }
+    }
+}
+
+/// Runs `plan` on this rank; `barrier` returns once every rank has reached it. Returns this
+/// rank's round times in µs per operation (the baselines, then lens).
+pub(crate) fn run_rank(
+    r: &mut dyn BenchRank,
+    barrier: &mut dyn FnMut() -> Result<(), String>,
+    plan: &Plan,
+) -> Result<Vec<Vec<f64>>, String> {
+    let ops = plan.baselines + 1;
+    let mut times = vec![Vec::with_capacity(plan.iters); ops];
+    let empty = Context::new();
+    let cx = if r.group().rank() == 0 {
+        &plan.cx
+    } else {
+        &empty
+    };
+    for block in 0..BLOCKS {
+        let per_block = plan.iters / BLOCKS + usize::from(block < plan.iters % BLOCKS);
+        if per_block == 0 {
+            continue;
+        }
+        for (op, times) in times.iter_mut().enumerate() {
+            for round in 0..WARMUP + per_block {
+                barrier()?;
+                let t0 = Instant::now();
+                if op < plan.baselines {
+                    r.baseline(op, &plan.bytes)?;
+                } else {
+                    let got = blocking::broadcast_context(r.group(), 0, cx)
+                        .map_err(|e| format!("lens broadcast: {e}"))?;
+                    std::hint::black_box(got);
+                }
+                let us = t0.elapsed().as_secs_f64() * 1e6;
+                if round >= WARMUP {
+                    times.push(us);
+                }
+            }
+        }
+    }
+    Ok(times)
+}
+
+/// Element-wise maximum of every rank's times: the slowest rank's time of each round.
+pub(crate) fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
+    let mut ranks = per_rank.into_iter();
+    let mut out = ranks.next().unwrap_or_default();
+    for theirs in ranks {
+        for (mine, theirs) in out.iter_mut().zip(theirs) {
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m = m.max(t);
+            }
+        }
+    }
+    out
+}
+
+/// Runs `plan` with one thread per rank of an in-process group; the slowest rank's times.
+pub(crate) fn on_threads<R: BenchRank + Send>(
+    ranks: Vec<R>,
+    plan: &Plan,
+) -> Result<Vec<Vec<f64>>, String> {
+    let barrier = ThreadBarrier::new(ranks.len());
+    let per_rank = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|mut r| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let got = run_rank(&mut r, &mut || barrier.wait(BARRIER_TIMEOUT), plan);
+                    if got.is_err() {
+                        // Release the ranks waiting for this one.
+                        barrier.abandon();
+                    }
+                    got
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| "a rank's thread panicked".to_string())?
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut ok = Vec::new();
+    let mut errors = Vec::new();
+    for r in per_rank {
+        match r {
+            Ok(t) => ok.push(t),
+            Err(e) => errors.push(e),
+        }
+    }
+    // A rank's own error first, not the "another rank failed" of those it released.
+    errors.sort_by_key(|e| e == ABANDONED);
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(slowest(ok)),
+    }
+}
+
+const ABANDONED: &str = "another rank failed";
+
+/// A barrier for threads that gives up: at a deadline, or when a rank abandons it.
+struct ThreadBarrier {
+    n: usize,
+    state: Mutex<BarrierState>,
+    turned: Condvar,
+}
+
+#[derive(Default)]
+struct BarrierState {
+    arrived: usize,
+    generation: u64,
+    abandoned: bool,
+}
+
+impl ThreadBarrier {
+    fn new(n: usize) -> Self {
+        ThreadBarrier {
+            n,
+            state: Mutex::new(BarrierState::default()),
+            turned: Condvar::new(),
+        }
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.abandoned {
+            return Err(ABANDONED.into());
+        }
+        let generation = s.generation;
+        s.arrived += 1;
+        if s.arrived == self.n {
+            s.arrived = 0;
+            s.generation += 1;
+            self.turned.notify_all();
+            return Ok(());
+        }
+        while s.generation == generation && !s.abandoned {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                s.abandoned = true;
+                self.turned.notify_all();
+                return Err(format!("a rank did not reach the barrier in {timeout:?}"));
+            };
+            s = self
+                .turned
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if s.generation != generation {
+            Ok(())
+        } else {
+            Err(ABANDONED.into())
+        }
+    }
+
+    fn abandon(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .abandoned = true;
+        self.turned.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slowest_takes_each_rounds_maximum() {
+        let got = slowest(vec![
+            vec![vec![1.0, 5.0], vec![2.0]],
+            vec![vec![3.0, 4.0], vec![1.0]],
+        ]);
+        assert_eq!(got, vec![vec![3.0, 5.0], vec![2.0]]);
+    }
+
+    #[test]
+    fn an_abandoned_barrier_releases_its_waiters() {
+        let b = ThreadBarrier::new(3);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| b.wait(Duration::from_secs(30)));
+            std::thread::sleep(Duration::from_millis(50));
+            b.abandon();
+            assert_eq!(waiter.join().ok(), Some(Err(ABANDONED.to_string())));
+        });
+        let lone = ThreadBarrier::new(2);
+        let t = Instant::now();
+        assert!(lone.wait(Duration::from_millis(50)).is_err());
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}

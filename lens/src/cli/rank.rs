@@ -1,0 +1,107 @@
+//! What one rank of the demo does, whatever carries its broadcasts: the pipeline of
+//! [`rank_main`] and, for a rank in its own process, its tracer and span capture.
+
+use std::time::Duration;
+
+use lens::{Broadcaster, LinkedSpan, Parent, broadcast_context};
+use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt, Tracer, TracerProvider as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvider};
+
+use super::args::ParentArg;
+use super::record::SpanRecord;
+
+/// The span rank 0 opens for each step.
+pub(crate) const STEP_SPAN: &str = "train_step";
+/// The later stages' span.
+pub(crate) const STAGE_SPAN: &str = "pp.recv_forward.linked";
+/// Step attribute.
+pub(crate) const STEP_KEY: &str = "nv.dl.step";
+
+pub(crate) fn parent_of(arg: ParentArg) -> Parent {
+    match arg {
+        ParentArg::Current => Parent::Current,
+        ParentArg::Remote => Parent::Remote,
+    }
+}
+
+/// Each stage waits for the one before it. Timer resolution is about 1 ms, so a slot is at
+/// least that; a step of many ranks takes about `ranks` ms.
+pub(crate) fn slot_for(ranks: usize) -> Duration {
+    Duration::from_micros((40_000 / ranks.max(1) as u64).clamp(1_000, 4_000))
+}
+
+/// One rank of the pipeline: rank 0 opens each step and broadcasts it; the later stages
+/// open linked spans once the activations would reach them.
+pub(crate) async fn rank_main(
+    b: &dyn Broadcaster,
+    tracer: &SdkTracer,
+    steps: usize,
+    parent: Parent,
+    slot: Duration,
+) -> lens::Result<()> {
+    let r = b.rank();
+    for step in 0..steps {
+        let step_attr = KeyValue::new(STEP_KEY, step as i64);
+        if r == 0 {
+            let span = tracer
+                .span_builder(STEP_SPAN)
+                .with_attributes([step_attr])
+                .start(tracer);
+            let cx = Context::new().with_span(span);
+            broadcast_context(b, 0, &cx).await?;
+            // The step lasts until the last stage is done.
+            tokio::time::sleep(slot * b.world_size() as u32).await;
+            cx.span().end();
+        } else {
+            let remote = broadcast_context(b, 0, &Context::new()).await?;
+            // Activations reach stage r after the r stages before it.
+            tokio::time::sleep(slot * r as u32).await;
+            let mut span = LinkedSpan::builder(STAGE_SPAN)
+                .remote(&remote)
+                .parent(parent)
+                .kind(SpanKind::Consumer)
+                .attributes([step_attr, KeyValue::new("pp.stage", r as i64)])
+                .start_with_context(tracer, &Context::new());
+            tokio::time::sleep(slot).await;
+            span.end();
+        }
+    }
+    Ok(())
+}
+
+/// This process's rank of a multi-process job: runs [`rank_main`] over `b` with its own
+/// tracer provider and returns its outcome and its finished spans.
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+pub(crate) fn run_one_rank(
+    b: &dyn Broadcaster,
+    steps: usize,
+    parent: ParentArg,
+) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
+    let exporter = InMemorySpanExporter::default();
+    let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_resource(info.resource())
+        .build();
+    let tracer = provider.tracer("lens-demo");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let outcome = rt.block_on(rank_main(
+        b,
+        &tracer,
+        steps,
+        parent_of(parent),
+        slot_for(b.world_size()),
+    ));
+    let _ = provider.force_flush();
+    let spans = exporter
+        .get_finished_spans()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY))
+        .collect();
+    Ok((outcome, spans))
+}
