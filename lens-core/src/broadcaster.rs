@@ -94,37 +94,11 @@ pub fn parse_timeout_secs(what: &str, text: &str) -> Result<Duration> {
     check_timeout(what, d)
 }
 
-/// Checks a broadcast's arguments the way every backend must, before any communication.
-///
-/// Returns the root's payload on the root and `None` elsewhere.
-///
-/// # Errors
-/// [`Error::InvalidRoot`], [`Error::MissingPayload`] or [`Error::PayloadTooLarge`].
-pub fn check_broadcast_args<'a>(
-    b: &(impl Broadcaster + ?Sized),
-    root: usize,
-    payload: Option<&'a [u8]>,
-) -> Result<Option<&'a [u8]>> {
-    let world_size = b.world_size();
-    if root >= world_size {
-        return Err(Error::InvalidRoot { root, world_size });
-    }
-    if b.rank() != root {
-        return Ok(None);
-    }
-    let payload = payload.ok_or(Error::MissingPayload { rank: root })?;
-    let limit = b.max_payload();
-    if payload.len() > limit {
-        return Err(Error::PayloadTooLarge {
-            len: payload.len(),
-            limit,
-        });
-    }
-    Ok(Some(payload))
-}
-
+// Every method is forwarded, so that a new defaulted trait method cannot silently fall back
+// to its default for `&T`, `Box<T>` or `Arc<T>` (the lint fails the build instead).
 macro_rules! forward_broadcaster {
     ($($ty:ty),*) => {$(
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait::async_trait]
         impl<T: Broadcaster + ?Sized> Broadcaster for $ty {
             fn rank(&self) -> usize {

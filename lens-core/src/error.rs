@@ -42,11 +42,12 @@ pub enum Error {
     },
 
     /// Some ranks did not take part in a collective within the deadline.
-    #[error("timed out after {after:?} waiting for rank(s) {missing:?}")]
+    #[error("timed out after {after:?} {}", waiting_for(missing))]
     Timeout {
         /// How long this rank waited.
         after: Duration,
-        /// The ranks that had not shown up when the deadline passed.
+        /// The ranks that had not shown up when the deadline passed; empty where the
+        /// transport cannot tell (an MPI or NCCL collective).
         missing: Vec<usize>,
     },
 
@@ -145,5 +146,39 @@ impl Error {
     /// True for [`Error::Timeout`].
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
+    }
+}
+
+/// The end of a timeout's message: the missing ranks, or that the transport cannot tell.
+fn waiting_for(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        "(the transport cannot tell which ranks are missing)".to_owned()
+    } else {
+        format!("waiting for rank(s) {missing:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_names_the_missing_ranks_or_says_it_cannot() {
+        let named = Error::Timeout {
+            after: Duration::from_secs(1),
+            missing: vec![2, 5],
+        };
+        assert_eq!(
+            named.to_string(),
+            "timed out after 1s waiting for rank(s) [2, 5]"
+        );
+        let unknown = Error::Timeout {
+            after: Duration::from_secs(1),
+            missing: Vec::new(),
+        };
+        assert!(
+            unknown.to_string().contains("cannot tell which ranks"),
+            "{unknown}"
+        );
     }
 }

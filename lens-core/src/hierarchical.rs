@@ -1,6 +1,7 @@
 //! A broadcaster made of two: one among node leaders, one inside each node.
 
-use crate::broadcaster::{Broadcaster, check_broadcast_args};
+use crate::backend::check_broadcast_args;
+use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
 
 /// Which global ranks live on which node.

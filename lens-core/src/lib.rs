@@ -10,6 +10,7 @@
 //! - [`RankInfo`]: rank and world size from torchrun, Slurm, Open MPI, MPICH or PMIx.
 //! - [`Hierarchical`]: a broadcaster made of a leaders group and a per-node group.
 //! - [`blocking`]: synchronous twins for code with no async runtime.
+//! - [`backend`]: for those who write a backend (argument checks, the slab round).
 //!
 //! # Example
 //!
@@ -55,6 +56,7 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod backend;
 pub mod blocking;
 mod broadcast;
 mod broadcaster;
@@ -63,12 +65,10 @@ mod error;
 mod hierarchical;
 pub mod link;
 pub mod rank;
-pub mod slab;
 
 pub use broadcast::{broadcast_context, broadcast_trace_context};
 pub use broadcaster::{
-    Broadcaster, DEFAULT_MAX_PAYLOAD, MAX_TIMEOUT, check_broadcast_args, check_timeout,
-    parse_timeout_secs,
+    Broadcaster, DEFAULT_MAX_PAYLOAD, MAX_TIMEOUT, check_timeout, parse_timeout_secs,
 };
 pub use carrier::{Carrier, CarrierError};
 pub use error::{BoxError, Error, Result};

@@ -13,6 +13,11 @@
 //! refuses further rounds with [`Error::Closed`]: the usual reaction is to exit non-zero,
 //! and the launcher then stops the job.
 //!
+//! **Configuration.** [`MpiBroadcasterBuilder::from_env`] starts from the variables of
+//! [`mod@env`] (slab size, deadline, payload limit) and returns the builder, so code can still
+//! override any of them. The slab round itself is `lens_core::backend::slab`, shared with
+//! the NCCL backend.
+//!
 //! **Blocking.** `broadcast` does its MPI work inside `poll` and returns when the round is
 //! done. If MPI was initialised below `Threading::Serialized`, call it from the thread that
 //! created the broadcaster (others get [`Error::Config`]).
@@ -40,12 +45,11 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_int;
-use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use lens_core::slab::SlabFormat;
-use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
+use lens_core::backend::slab::{self, Round, SlabGroup, SlabOptions, SlabTransport, SlabVars};
+use lens_core::{Broadcaster, Error, Result};
 use mpi::environment::Threading;
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -55,104 +59,160 @@ use mpi::traits::Communicator;
 const BACKEND: &str = "mpi";
 const MAGIC: [u8; 4] = *b"LNSM";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
-pub const HEADER: usize = lens_core::slab::HEADER_LEN;
+pub const HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes: room for a carrier with a trace state and some baggage.
-pub const DEFAULT_SLAB: usize = 512;
+pub const DEFAULT_SLAB: usize = slab::DEFAULT_SLAB_SIZE;
 /// How long a round polls without pausing.
 const SPIN_FOR: Duration = Duration::from_millis(2);
 /// Default deadline of a round.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_TIMEOUT: Duration = slab::DEFAULT_TIMEOUT;
 
-struct Inner {
-    comm: SimpleCommunicator,
-    slab: Box<[u8]>,
-    broken: Option<String>,
+/// Names of the variables [`MpiBroadcasterBuilder::from_env`] reads.
+pub mod env {
+    /// Slab size in bytes, header included; the same on every rank.
+    pub const SLAB_SIZE: &str = "LENS_MPI_SLAB_SIZE";
+    /// Deadline of a round, in seconds.
+    pub const TIMEOUT: &str = "LENS_MPI_TIMEOUT";
+    /// Largest payload, in bytes.
+    pub const MAX_PAYLOAD: &str = "LENS_MPI_MAX_PAYLOAD";
 }
 
-// SAFETY: the communicator handle is only used with the mutex held, so MPI never sees two
-// calls on it at once; with a threading level below Serialized every call is also checked
-// to come from the creating thread (`MpiBroadcaster::check_thread`).
-unsafe impl Send for Inner {}
+const VARS: SlabVars = SlabVars {
+    slab_size: env::SLAB_SIZE,
+    timeout: env::TIMEOUT,
+    max_payload: env::MAX_PAYLOAD,
+};
+
+/// The MPI side of the slab round: a communicator and a buffer MPI may keep.
+struct Mpi {
+    comm: SimpleCommunicator,
+    /// The slab as MPI sees it; handed to MPI for each collective and leaked on a timeout.
+    buf: Box<[u8]>,
+}
+
+// SAFETY: the communicator handle is only used with the slab group's mutex held, so MPI
+// never sees two calls on it at once; with a threading level below Serialized every call is
+// also checked to come from the creating thread (`MpiBroadcaster::check_thread`).
+unsafe impl Send for Mpi {}
+
+impl SlabTransport for Mpi {
+    fn broadcast_slab(
+        &mut self,
+        round: &Round,
+        slab: &mut [u8],
+        sent: Option<usize>,
+    ) -> Result<()> {
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.len() != slab.len() {
+            buf = vec![0u8; slab.len()].into_boxed_slice();
+        }
+        if let Some(n) = sent {
+            buf[..n].copy_from_slice(&slab[..n]);
+        }
+        let buf = ibcast(&self.comm, round.root, buf, round.deadline)?
+            .ok_or_else(|| round.timed_out())?;
+        slab.copy_from_slice(&buf);
+        self.buf = buf;
+        Ok(())
+    }
+
+    fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
+        let buf = ibcast(&self.comm, round.root, rest.into(), round.deadline)?
+            .ok_or_else(|| round.timed_out())?;
+        rest.copy_from_slice(&buf);
+        Ok(())
+    }
+}
 
 /// One rank of an MPI communicator, as a [`Broadcaster`].
 pub struct MpiBroadcaster {
-    inner: Mutex<Inner>,
-    rank: usize,
-    world_size: usize,
-    slab_size: usize,
-    timeout: Duration,
-    max_payload: usize,
+    group: SlabGroup<Mpi>,
     only_thread: Option<ThreadId>,
 }
 
 impl std::fmt::Debug for MpiBroadcaster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MpiBroadcaster")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world_size)
-            .field("slab_size", &self.slab_size)
-            .field("timeout", &self.timeout)
+            .field("group", &self.group)
             .finish_non_exhaustive()
     }
 }
 
-/// Builds an [`MpiBroadcaster`]; see [`MpiBroadcaster::builder`].
+/// Builds an [`MpiBroadcaster`]; see [`MpiBroadcaster::builder`] and
+/// [`MpiBroadcasterBuilder::from_env`].
 #[must_use]
 pub struct MpiBroadcasterBuilder {
     comm: SimpleCommunicator,
-    slab_size: usize,
-    timeout: Duration,
-    max_payload: usize,
+    opts: SlabOptions,
+}
+
+impl std::fmt::Debug for MpiBroadcasterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiBroadcasterBuilder")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MpiBroadcasterBuilder {
-    /// Slab size in bytes, header included (default [`DEFAULT_SLAB`]). Every rank of the
-    /// communicator must use the same size.
+    /// A builder for `comm` that starts from the environment: [`env::SLAB_SIZE`],
+    /// [`env::TIMEOUT`] and [`env::MAX_PAYLOAD`] where set, the defaults elsewhere. A value
+    /// that does not parse is reported by [`MpiBroadcasterBuilder::build`] unless code sets
+    /// that field.
+    pub fn from_env(comm: SimpleCommunicator) -> Self {
+        MpiBroadcasterBuilder {
+            comm,
+            opts: SlabOptions::from_vars(&VARS, |k| std::env::var(k).ok()),
+        }
+    }
+
+    /// Slab size in bytes, header included (default [`DEFAULT_SLAB`]; variable
+    /// [`env::SLAB_SIZE`]). Every rank of the communicator must use the same size.
     pub fn slab_size(mut self, bytes: usize) -> Self {
-        self.slab_size = bytes;
+        self.opts = self.opts.slab_size(bytes);
         self
     }
 
-    /// Deadline of each round (default [`DEFAULT_TIMEOUT`]).
+    /// Deadline of each round (default [`DEFAULT_TIMEOUT`]; variable [`env::TIMEOUT`]).
     pub fn timeout(mut self, d: Duration) -> Self {
-        self.timeout = d;
+        self.opts = self.opts.timeout(d);
         self
     }
 
-    /// Largest payload (default [`lens_core::DEFAULT_MAX_PAYLOAD`]).
+    /// Largest payload (default [`lens_core::DEFAULT_MAX_PAYLOAD`]; variable
+    /// [`env::MAX_PAYLOAD`]).
     pub fn max_payload(mut self, bytes: usize) -> Self {
-        self.max_payload = bytes;
+        self.opts = self.opts.max_payload(bytes);
+        self
+    }
+
+    /// All three settings at once.
+    pub fn options(mut self, opts: SlabOptions) -> Self {
+        self.opts = opts;
         self
     }
 
     /// The broadcaster.
     ///
     /// # Errors
-    /// [`Error::Config`] for a slab smaller than its header or over `i32::MAX` bytes, or a
-    /// timeout that is zero or over [`lens_core::MAX_TIMEOUT`].
+    /// [`Error::Config`] for a slab no larger than its header or over `i32::MAX` bytes, a
+    /// timeout that is zero or over [`lens_core::MAX_TIMEOUT`], or a variable that did not
+    /// parse.
     pub fn build(self) -> Result<MpiBroadcaster> {
-        if self.slab_size <= HEADER || c_int::try_from(self.slab_size).is_err() {
-            return Err(Error::config(format!(
-                "slab size {} must be over the {HEADER}-byte header and fit an int",
-                self.slab_size
-            )));
-        }
-        lens_core::check_timeout("the MPI timeout", self.timeout)?;
         let (rank, size) = (self.comm.rank(), self.comm.size());
         let only_thread = (mpi::environment::threading_support() < Threading::Serialized)
             .then(|| std::thread::current().id());
+        let me = (
+            usize::try_from(rank).unwrap_or_default(),
+            usize::try_from(size).unwrap_or(1),
+        );
+        let transport = Mpi {
+            comm: self.comm,
+            buf: Box::default(),
+        };
         Ok(MpiBroadcaster {
-            rank: usize::try_from(rank).unwrap_or_default(),
-            world_size: usize::try_from(size).unwrap_or(1),
-            slab_size: self.slab_size,
-            timeout: self.timeout,
-            max_payload: self.max_payload.min(c_int::MAX as usize),
+            group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
-            inner: Mutex::new(Inner {
-                comm: self.comm,
-                slab: vec![0u8; self.slab_size].into_boxed_slice(),
-                broken: None,
-            }),
         })
     }
 }
@@ -233,24 +293,22 @@ impl MpiBroadcaster {
         Self::builder(comm).build()
     }
 
-    /// A builder for `comm`.
+    /// A builder for `comm` with the defaults (see also [`MpiBroadcasterBuilder::from_env`]).
     pub fn builder(comm: SimpleCommunicator) -> MpiBroadcasterBuilder {
         MpiBroadcasterBuilder {
             comm,
-            slab_size: DEFAULT_SLAB,
-            timeout: DEFAULT_TIMEOUT,
-            max_payload: lens_core::DEFAULT_MAX_PAYLOAD,
+            opts: SlabOptions::default(),
         }
     }
 
     /// The slab size in bytes, header included.
     pub fn slab_size(&self) -> usize {
-        self.slab_size
+        self.group.slab_size()
     }
 
     /// Payload bytes that travel in the first collective.
     pub fn slab_capacity(&self) -> usize {
-        self.slab_size - HEADER
+        self.group.slab_capacity()
     }
 
     fn check_thread(&self) -> Result<()> {
@@ -261,93 +319,24 @@ impl MpiBroadcaster {
             _ => Ok(()),
         }
     }
-
-    fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn round(&self, inner: &mut Inner, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        let start = Instant::now();
-        let deadline = start + self.timeout;
-        let cap = self.slab_capacity();
-        let format = SlabFormat {
-            magic: MAGIC,
-            slab_size: self.slab_size,
-            max_payload: self.max_payload,
-        };
-        let mut slab = std::mem::take(&mut inner.slab);
-        match payload {
-            Some(p) => {
-                format.fill(&mut slab, p);
-            }
-            None => slab[..HEADER].fill(0),
-        }
-        let timed_out = |inner: &mut Inner, missing: Vec<usize>| {
-            inner.broken = Some(format!("a broadcast from root {root} timed out"));
-            Error::Timeout {
-                after: start.elapsed(),
-                missing,
-            }
-        };
-        let back = ibcast(&inner.comm, root, slab, deadline)?;
-        let Some(slab) = back else {
-            return Err(timed_out(inner, Vec::new()));
-        };
-        let len = match format.read(&slab, root) {
-            Ok(len) => len,
-            Err(e) => {
-                inner.slab = slab;
-                // The root may still send a remainder this rank cannot size: stop here.
-                inner.broken = Some(e.to_string());
-                return Err(e);
-            }
-        };
-        let first = len.min(cap);
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(&slab[HEADER..HEADER + first]);
-        inner.slab = slab;
-        if len > cap {
-            // The remainder, in a second collective every rank knows to expect from the header.
-            let rest: Box<[u8]> = match payload {
-                Some(p) => p[cap..].into(),
-                None => vec![0u8; len - cap].into_boxed_slice(),
-            };
-            let back = ibcast(&inner.comm, root, rest, deadline)?;
-            let Some(rest) = back else {
-                return Err(timed_out(inner, Vec::new()));
-            };
-            out.extend_from_slice(&rest);
-        }
-        Ok(out)
-    }
 }
 
 #[async_trait::async_trait]
 impl Broadcaster for MpiBroadcaster {
     fn rank(&self) -> usize {
-        self.rank
+        self.group.rank()
     }
 
     fn world_size(&self) -> usize {
-        self.world_size
+        self.group.world_size()
     }
 
     fn max_payload(&self) -> usize {
-        self.max_payload
+        self.group.max_payload()
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        let payload = check_broadcast_args(self, root, payload)?;
         self.check_thread()?;
-        let mut inner = self.inner();
-        if let Some(why) = &inner.broken {
-            return Err(Error::Closed {
-                backend: BACKEND,
-                reason: format!(
-                    "{why}; MPI cannot cancel a collective, so this communicator is no longer usable"
-                ),
-            });
-        }
-        self.round(&mut inner, root, payload)
+        self.group.broadcast_blocking(root, payload)
     }
 }

@@ -10,8 +10,8 @@ use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
 use cudarc::nccl::{Comm, result as nccl};
 use lens_core::{Error, Result};
 
+use crate::error::{cuda_err, nccl_err};
 use crate::probe::{BACKEND, guarded};
-use crate::{cuda_err, nccl_err};
 
 /// A device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

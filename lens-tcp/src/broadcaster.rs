@@ -4,7 +4,8 @@ use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lens_core::{Broadcaster, Error, Result, check_broadcast_args};
+use lens_core::backend::check_broadcast_args;
+use lens_core::{Broadcaster, Error, Result};
 
 use crate::config::{TcpConfig, split_host_port};
 use crate::frame::{Codec, HEADER, Kind, MAX_ENDPOINT, TAG, payload};

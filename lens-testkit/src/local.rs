@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use event_listener::Event;
 use futures::future::{Either, select};
-use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result, check_broadcast_args};
+use lens_core::backend::check_broadcast_args;
+use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result};
 
 /// Default deadline of a local collective.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,7 +1,5 @@
-//! The fixed-size slab that collective backends (MPI, NCCL) broadcast in one call: a
-//! 16-byte header (a backend marker, the slab size, the payload length, a format version)
-//! and the start of the payload. A payload longer than the slab sends its remainder in a
-//! second collective that every rank sizes from the header.
+//! The slab's bytes: a 16-byte header (a backend marker, the slab size, the payload
+//! length, a format version) and the start of the payload.
 
 use crate::error::{Error, Result};
 

@@ -1,0 +1,256 @@
+//! The slab round of collective backends (MPI, NCCL): a fixed-size slab with a length
+//! header goes in **one** collective; a payload longer than the slab sends its remainder in
+//! a second collective that every rank sizes from the header.
+//!
+//! A backend implements [`SlabTransport`] (one collective of a buffer from a root, finished
+//! by a deadline) and wraps it in a [`SlabGroup`], which is a [`Broadcaster`]: it checks the
+//! arguments, runs the round, and after any failure part-way (a timeout, a foreign or
+//! mismatched header, a transport error) stops the transport once and refuses every later
+//! round with [`Error::Closed`], since this rank is then out of step with its peers.
+
+mod format;
+mod options;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use format::{HEADER_LEN, SlabFormat};
+pub use options::{DEFAULT_SLAB_SIZE, DEFAULT_TIMEOUT, MAX_SLAB_BYTES, SlabOptions, SlabVars};
+
+use crate::backend::check_broadcast_args;
+use crate::broadcaster::Broadcaster;
+use crate::error::{Error, Result};
+
+/// One round's root and deadline, handed to the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Round {
+    /// The rank whose bytes are broadcast.
+    pub root: usize,
+    /// When the round must be done.
+    pub deadline: Instant,
+    started: Instant,
+}
+
+impl Round {
+    /// A round from `root` that must be done within `timeout` from now.
+    pub fn new(root: usize, timeout: Duration) -> Self {
+        let started = Instant::now();
+        Round {
+            root,
+            deadline: started + timeout,
+            started,
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// The error of a round that missed its deadline. A collective cannot tell which ranks
+    /// are missing, so none are named.
+    pub fn timed_out(&self) -> Error {
+        Error::Timeout {
+            after: self.started.elapsed(),
+            missing: Vec::new(),
+        }
+    }
+}
+
+/// One collective transport: broadcasts a buffer from a root, in place, by a deadline.
+pub trait SlabTransport: Send {
+    /// Broadcasts `slab` (the whole slab) from `round.root`. On the root, `sent` is how many
+    /// leading bytes carry data (the header and the payload's first part; the rest may be
+    /// left out); elsewhere it is `None`. On return `slab` holds the root's bytes on every
+    /// rank, at least the first `sent` of them.
+    ///
+    /// # Errors
+    /// [`Round::timed_out`] past the deadline; the transport's failure otherwise.
+    fn broadcast_slab(&mut self, round: &Round, slab: &mut [u8], sent: Option<usize>)
+    -> Result<()>;
+
+    /// Broadcasts `rest` (the payload after the slab) from `round.root`: on the root it
+    /// holds the bytes, elsewhere a buffer of the announced length to fill.
+    ///
+    /// # Errors
+    /// As [`SlabTransport::broadcast_slab`].
+    fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()>;
+
+    /// Called once, after the round that left this rank out of step with its peers: abort
+    /// the communicator, say, so that nothing of this rank waits on them any more.
+    fn stop(&mut self) {}
+}
+
+struct State<T> {
+    transport: T,
+    slab: Vec<u8>,
+    broken: Option<String>,
+}
+
+/// A [`Broadcaster`] over a [`SlabTransport`]: the slab round, its deadline and the refusal
+/// after a failure, written once for every collective backend.
+pub struct SlabGroup<T> {
+    state: Mutex<State<T>>,
+    backend: &'static str,
+    format: SlabFormat,
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+}
+
+impl<T> std::fmt::Debug for SlabGroup<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlabGroup")
+            .field("backend", &self.backend)
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("slab_size", &self.format.slab_size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: SlabTransport> SlabGroup<T> {
+    /// Rank `rank` of `world_size` over `transport`; `magic` marks this backend's slabs.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for bad options ([`SlabOptions::check`]) or a rank outside the group.
+    pub fn new(
+        backend: &'static str,
+        magic: [u8; 4],
+        transport: T,
+        (rank, world_size): (usize, usize),
+        opts: &SlabOptions,
+    ) -> Result<Self> {
+        opts.check(backend)?;
+        if rank >= world_size {
+            return Err(Error::config(format!(
+                "rank {rank} is outside a group of {world_size}"
+            )));
+        }
+        Ok(SlabGroup {
+            state: Mutex::new(State {
+                transport,
+                slab: vec![0u8; opts.slab_size],
+                broken: None,
+            }),
+            backend,
+            format: SlabFormat {
+                magic,
+                slab_size: opts.slab_size,
+                max_payload: opts.max_payload,
+            },
+            rank,
+            world_size,
+            timeout: opts.timeout,
+        })
+    }
+
+    /// The slab size in bytes, header included.
+    pub fn slab_size(&self) -> usize {
+        self.format.slab_size
+    }
+
+    /// Payload bytes that travel in the first collective.
+    pub fn slab_capacity(&self) -> usize {
+        self.format.capacity()
+    }
+
+    /// The deadline of a round.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the transport as one round from `root` (a raw baseline, say): refused
+    /// with [`Error::Closed`] once the group is broken, and a failure breaks it.
+    ///
+    /// # Errors
+    /// [`Error::Closed`], or `f`'s error.
+    pub fn exclusive<R>(
+        &self,
+        root: usize,
+        f: impl FnOnce(&mut T, &Round) -> Result<R>,
+    ) -> Result<R> {
+        self.locked(root, |t, _, round| f(t, round))
+    }
+
+    fn locked<R>(
+        &self,
+        root: usize,
+        f: impl FnOnce(&mut T, &mut [u8], &Round) -> Result<R>,
+    ) -> Result<R> {
+        let mut state = self.state();
+        let State {
+            transport,
+            slab,
+            broken,
+        } = &mut *state;
+        if let Some(why) = broken {
+            return Err(Error::Closed {
+                backend: self.backend,
+                reason: why.clone(),
+            });
+        }
+        let round = Round::new(root, self.timeout);
+        let result = f(transport, slab, &round);
+        if let Err(e) = &result {
+            *broken = Some(format!(
+                "an earlier round failed ({e}), and this rank is out of step with its peers"
+            ));
+            transport.stop();
+        }
+        result
+    }
+
+    /// The blocking body of [`Broadcaster::broadcast`].
+    ///
+    /// # Errors
+    /// As [`Broadcaster::broadcast`]; [`Error::Closed`] after a failed round.
+    pub fn broadcast_blocking(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let payload = check_broadcast_args(self, root, payload)?;
+        let format = self.format;
+        self.locked(root, |t, slab, round| {
+            let sent = payload.map(|p| HEADER_LEN + format.fill(slab, p));
+            if sent.is_none() {
+                // No stale header of an earlier round can pass for this one's.
+                slab[..HEADER_LEN].fill(0);
+            }
+            t.broadcast_slab(round, slab, sent)?;
+            let len = format.read(slab, root)?;
+            let cap = format.capacity();
+            let mut out = Vec::with_capacity(len);
+            out.extend_from_slice(&slab[HEADER_LEN..HEADER_LEN + len.min(cap)]);
+            if len > cap {
+                match payload {
+                    Some(p) => out.extend_from_slice(&p[cap..]),
+                    None => out.resize(len, 0),
+                }
+                t.broadcast_rest(round, &mut out[cap..])?;
+            }
+            Ok(out)
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn max_payload(&self) -> usize {
+        self.format.max_payload
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        self.broadcast_blocking(root, payload)
+    }
+}

@@ -1,0 +1,218 @@
+//! The settings every slab backend shares, and reading them from the environment.
+
+use std::time::Duration;
+
+use crate::broadcaster::{DEFAULT_MAX_PAYLOAD, check_timeout, parse_timeout_secs};
+use crate::error::{Error, Result};
+
+use super::format::HEADER_LEN;
+
+/// Default slab size in bytes, header included: room for a carrier with a trace state and
+/// some baggage.
+pub const DEFAULT_SLAB_SIZE: usize = 512;
+/// Default deadline of a round.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest slab or payload the header can describe and MPI can count (`i32::MAX` bytes).
+pub const MAX_SLAB_BYTES: usize = i32::MAX as usize;
+
+/// Slab size, round deadline and payload limit of a slab backend; every rank of a group
+/// must use the same slab size.
+///
+/// ```
+/// use std::time::Duration;
+/// use lens_core::backend::slab::SlabOptions;
+///
+/// let opts = SlabOptions::default().slab_size(1024).timeout(Duration::from_secs(5));
+/// assert_eq!((opts.slab_size, opts.timeout), (1024, Duration::from_secs(5)));
+/// assert!(opts.check("the MPI").is_ok());
+/// assert!(SlabOptions::default().slab_size(16).check("the MPI").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlabOptions {
+    /// Slab size in bytes, header included (default [`DEFAULT_SLAB_SIZE`]).
+    pub slab_size: usize,
+    /// Deadline of one round (default [`DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+    /// Largest payload (default [`DEFAULT_MAX_PAYLOAD`]).
+    pub max_payload: usize,
+    /// Variables that could not be read, reported by [`SlabOptions::check`] unless code set
+    /// the field since.
+    env_errors: Vec<(Field, String)>,
+}
+
+impl Default for SlabOptions {
+    fn default() -> Self {
+        SlabOptions {
+            slab_size: DEFAULT_SLAB_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            env_errors: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    SlabSize,
+    Timeout,
+    MaxPayload,
+}
+
+/// The names of a backend's variables for [`SlabOptions::from_vars`].
+#[derive(Debug, Clone, Copy)]
+pub struct SlabVars {
+    /// Slab size in bytes.
+    pub slab_size: &'static str,
+    /// Deadline of a round in seconds.
+    pub timeout: &'static str,
+    /// Largest payload in bytes.
+    pub max_payload: &'static str,
+}
+
+impl SlabOptions {
+    /// Sets the slab size in bytes, header included (over the 16-byte header, at most
+    /// [`MAX_SLAB_BYTES`]).
+    #[must_use]
+    pub fn slab_size(mut self, bytes: usize) -> Self {
+        self.slab_size = bytes;
+        self.env_errors.retain(|(f, _)| *f != Field::SlabSize);
+        self
+    }
+
+    /// Sets the deadline of one round (positive, at most [`crate::MAX_TIMEOUT`]).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self.env_errors.retain(|(f, _)| *f != Field::Timeout);
+        self
+    }
+
+    /// Sets the largest payload in bytes (at most [`MAX_SLAB_BYTES`]).
+    #[must_use]
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self.env_errors.retain(|(f, _)| *f != Field::MaxPayload);
+        self
+    }
+
+    /// The defaults, overridden by the variables `vars` names where `get` finds them. A
+    /// value that does not parse is kept as an error for [`SlabOptions::check`], so that code
+    /// may still override the setting.
+    pub fn from_vars(vars: &SlabVars, get: impl Fn(&str) -> Option<String>) -> Self {
+        let mut opts = SlabOptions::default();
+        let mut errors = Vec::new();
+        let mut bytes = |field: Field, name: &str, into: &mut usize| {
+            if let Some(text) = get(name) {
+                match text.trim().parse() {
+                    Ok(v) => *into = v,
+                    Err(_) => {
+                        errors.push((field, format!("{name}={text:?} is not a number of bytes")))
+                    }
+                }
+            }
+        };
+        bytes(Field::SlabSize, vars.slab_size, &mut opts.slab_size);
+        bytes(Field::MaxPayload, vars.max_payload, &mut opts.max_payload);
+        if let Some(text) = get(vars.timeout) {
+            match parse_timeout_secs(vars.timeout, &text) {
+                Ok(d) => opts.timeout = d,
+                Err(e) => errors.push((Field::Timeout, e.to_string())),
+            }
+        }
+        opts.env_errors = errors;
+        opts
+    }
+
+    /// Checks the options; `what` names the backend in the error ("the MPI").
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a slab no larger than its header or over [`MAX_SLAB_BYTES`], a
+    /// payload limit over [`MAX_SLAB_BYTES`], a timeout that is zero or over
+    /// [`crate::MAX_TIMEOUT`], or a variable of [`SlabOptions::from_vars`] that did not parse.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if let Some((_, e)) = self.env_errors.first() {
+            return Err(Error::config(e.clone()));
+        }
+        if self.slab_size <= HEADER_LEN || self.slab_size > MAX_SLAB_BYTES {
+            return Err(Error::config(format!(
+                "{what} slab size {} must be over the {HEADER_LEN}-byte header and at most {MAX_SLAB_BYTES}",
+                self.slab_size
+            )));
+        }
+        if self.max_payload > MAX_SLAB_BYTES {
+            return Err(Error::config(format!(
+                "{what} payload limit {} is over {MAX_SLAB_BYTES} bytes",
+                self.max_payload
+            )));
+        }
+        check_timeout(&format!("{what} timeout"), self.timeout)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VARS: SlabVars = SlabVars {
+        slab_size: "SLAB",
+        timeout: "TIMEOUT",
+        max_payload: "MAX",
+    };
+
+    fn from(vars: &[(&str, &str)]) -> SlabOptions {
+        SlabOptions::from_vars(&VARS, |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// One row per case: (why, variables, the options' check passes, slab size).
+    #[test]
+    fn from_vars_table() {
+        let rows: [(&str, &[(&str, &str)], bool, usize); 7] = [
+            ("nothing set: the defaults", &[], true, DEFAULT_SLAB_SIZE),
+            ("a slab size", &[("SLAB", "1024")], true, 1024),
+            ("spaces around it", &[("SLAB", " 64 ")], true, 64),
+            ("not a number", &[("SLAB", "big")], false, DEFAULT_SLAB_SIZE),
+            (
+                "a slab no larger than the header",
+                &[("SLAB", "16")],
+                false,
+                16,
+            ),
+            (
+                "a zero timeout",
+                &[("TIMEOUT", "0")],
+                false,
+                DEFAULT_SLAB_SIZE,
+            ),
+            (
+                "a huge payload limit",
+                &[("MAX", "99999999999")],
+                false,
+                DEFAULT_SLAB_SIZE,
+            ),
+        ];
+        for (why, vars, ok, slab) in rows {
+            let opts = from(vars);
+            assert_eq!(opts.check("the test").is_ok(), ok, "{why}: {opts:?}");
+            assert_eq!(opts.slab_size, slab, "{why}");
+        }
+        assert_eq!(
+            from(&[("TIMEOUT", "2.5")]).timeout,
+            Duration::from_millis(2500)
+        );
+        let err = from(&[("SLAB", "big")]).check("the test").unwrap_err();
+        assert!(err.to_string().contains("SLAB=\"big\""), "{err}");
+        // Code that sets the field overrides the bad variable.
+        assert!(
+            from(&[("SLAB", "big")])
+                .slab_size(64)
+                .check("the test")
+                .is_ok()
+        );
+    }
+}
