@@ -153,6 +153,66 @@ impl<L: Broadcaster, G: Broadcaster> Hierarchical<L, G> {
         })
     }
 
+    /// Every rank of `layout` in one process (tests, simulations): `nodes[i]` is node `i`'s
+    /// local group, `leaders` the leaders group; each is matched to its place by its own
+    /// rank. Returns the ranks in global rank order.
+    ///
+    /// ```
+    /// use lens_core::{Broadcaster, Hierarchical, NodeLayout};
+    /// use lens_testkit::LocalCluster;
+    ///
+    /// let layout = NodeLayout::new(vec![vec![0, 1], vec![2]])?;
+    /// let nodes = vec![
+    ///     LocalCluster::new(2).broadcasters(),
+    ///     LocalCluster::new(1).broadcasters(),
+    /// ];
+    /// let ranks = Hierarchical::assemble(&layout, nodes, LocalCluster::new(2).broadcasters())?;
+    /// assert_eq!(ranks.iter().map(|r| r.rank()).collect::<Vec<_>>(), [0, 1, 2]);
+    /// # Ok::<(), lens_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the groups do not match `layout` (as [`Hierarchical::new`]), or
+    /// there is not one local group per node and one leader per node.
+    pub fn assemble(layout: &NodeLayout, nodes: Vec<Vec<L>>, leaders: Vec<G>) -> Result<Vec<Self>> {
+        if nodes.len() != layout.node_count() || leaders.len() != layout.node_count() {
+            return Err(Error::config(format!(
+                "{} node group(s) and {} leader(s) for a layout of {} node(s)",
+                nodes.len(),
+                leaders.len(),
+                layout.node_count()
+            )));
+        }
+        let mut leaders: Vec<Option<G>> = leaders.into_iter().map(Some).collect();
+        let mut by_rank: Vec<Option<Self>> = (0..layout.world_size()).map(|_| None).collect();
+        for (node, locals) in nodes.into_iter().enumerate() {
+            for local in locals {
+                let leader = if local.rank() == 0 {
+                    let at = leaders
+                        .iter()
+                        .position(|l| l.as_ref().is_some_and(|l| l.rank() == node));
+                    at.and_then(|i| leaders[i].take())
+                } else {
+                    None
+                };
+                let h = Hierarchical::new(layout.clone(), node, local, leader)?;
+                let slot = by_rank
+                    .get_mut(h.rank)
+                    .ok_or_else(|| Error::config("rank outside the layout"))?;
+                if slot.replace(h).is_some() {
+                    return Err(Error::config(format!(
+                        "node {node} has two ranks with the same local rank"
+                    )));
+                }
+            }
+        }
+        by_rank
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| h.ok_or_else(|| Error::config(format!("no local group holds rank {r}"))))
+            .collect()
+    }
+
     /// The layout.
     pub fn layout(&self) -> &NodeLayout {
         &self.layout

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use lens_core::{Broadcaster, Error, blocking};
 use lens_mpi::MpiBroadcaster;
 use lens_testkit::conformance::{Options, pattern, run_rank};
+use lens_testkit::process::Supervised;
 use mpi::traits::*;
 
 /// (case, ranks, expected to exit with success)
@@ -63,45 +64,22 @@ fn parent() {
     let (mut passed, mut failed) = (0, Vec::new());
     for (name, n, should_succeed) in cases {
         let started = Instant::now();
-        let mut child = Command::new(&mpirun)
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-n",
-                &n.to_string(),
-            ])
-            // Containers often forbid the cross-process memory attach Open MPI tries first.
-            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-            .arg(&exe)
-            .env("LENS_MPI_CASE", name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start mpirun");
-        let out = std::thread::spawn({
-            let mut so = child.stdout.take().expect("stdout");
-            let mut se = child.stderr.take().expect("stderr");
-            move || {
-                use std::io::Read as _;
-                let mut s = String::new();
-                let _ = so.read_to_string(&mut s);
-                let _ = se.read_to_string(&mut s);
-                s
-            }
-        });
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break Some(s);
-            }
-            if started.elapsed() > DEADLINE {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let output = out.join().unwrap_or_default();
+        let mut cmd = Command::new(&mpirun);
+        cmd.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            &n.to_string(),
+        ])
+        // Containers often forbid the cross-process memory attach Open MPI tries first.
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .arg(&exe)
+        .env("LENS_MPI_CASE", name)
+        .stdin(Stdio::null());
+        let done = Supervised::spawn(&mut cmd, DEADLINE)
+            .expect("start mpirun")
+            .wait();
+        let (status, output) = (done.status, done.output());
         let ok = match status {
             None => false,
             Some(s) if *should_succeed => s.success() && output.contains("lens-mpi case ok"),

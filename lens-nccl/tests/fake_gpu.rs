@@ -15,9 +15,10 @@ use lens_core::{Broadcaster, Error, Hierarchical, NodeLayout, blocking};
 use lens_nccl::cudarc::driver::{CudaContext, CudaStream};
 use lens_nccl::cudarc::nccl::{Comm, result as nccl};
 use lens_nccl::{NcclBroadcaster, NcclOptions, probe};
-use lens_tcp::{TcpBroadcaster, TcpConfig};
+use lens_tcp::TcpBroadcaster;
 use lens_testkit::conformance::{Options, pattern, run_threads};
 use lens_testkit::fake_gpu::{DEVICES_VAR, FakeGpu, NCCL_VERSION};
+use lens_testkit::process::Supervised;
 use lens_testkit::{LocalCluster, on_each_rank as on_each};
 
 #[test]
@@ -27,26 +28,16 @@ fn fake_gpu_driver() {
     let mut cmd = Command::new(exe);
     fake.apply(&mut cmd)
         .args(["--ignored", "--test-threads=1", "--nocapture", "in_fake_"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start the child");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the fake-GPU child ran past its 120 s deadline");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(status.success(), "child failed:\n{stdout}\n{stderr}");
+        .stdin(Stdio::null());
+    let done = Supervised::spawn(&mut cmd, Duration::from_secs(120))
+        .expect("start the child")
+        .wait();
+    let (stdout, stderr) = (&done.stdout, &done.stderr);
+    assert!(
+        !done.timed_out,
+        "the fake-GPU child ran past its 120 s deadline:\n{stdout}\n{stderr}"
+    );
+    assert!(done.success(), "child failed:\n{stdout}\n{stderr}");
     // Every child test ran (none filtered away by a rename).
     assert!(
         stdout.contains("test result: ok. 8 passed"),
@@ -178,27 +169,12 @@ fn in_fake_bench_runs_on_every_gpu() {
 
 /// Two TCP ranks on loopback (the node leaders).
 fn tcp_pair() -> Vec<TcpBroadcaster> {
-    let cfg = |rank: usize, addr: &str| {
-        TcpConfig::builder()
-            .rank(rank)
-            .world_size(2)
-            .addr(addr)
-            .key("fake-gpu-test-key-0123456789")
+    lens_tcp::loopback_group(2, |b| {
+        b.key("fake-gpu-test-key-0123456789")
             .timeout(Duration::from_secs(10))
-            .build()
-            .expect("config")
-    };
-    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("rank 0");
-    let addr = hub.local_addr().expect("address").to_string();
-    let other = TcpBroadcaster::start(cfg(1, &addr)).expect("rank 1");
-    std::thread::scope(|s| {
-        let a = s.spawn(move || hub.finish());
-        let b = s.spawn(move || other.finish());
-        vec![
-            a.join().expect("rank 0").expect("join"),
-            b.join().expect("rank 1").expect("join"),
-        ]
     })
+    .expect("two TCP ranks")
+    .ranks
 }
 
 #[test]
@@ -207,20 +183,12 @@ fn in_fake_hierarchical_nccl_nodes_with_tcp_leaders() {
     in_child();
     // Two nodes of two GPUs: NCCL inside each node, TCP between the node leaders.
     let layout = NodeLayout::uniform(4, 2).expect("layout");
-    let mut leaders = tcp_pair().into_iter();
-    let mut ranks: Vec<Arc<dyn Broadcaster>> = Vec::new();
-    for node in 0..2 {
-        let mut leader = leaders.next();
-        for local in group(2, &NcclOptions::default()) {
-            let lead = if local.rank() == 0 {
-                leader.take()
-            } else {
-                None
-            };
-            let h = Hierarchical::new(layout.clone(), node, local, lead).expect("hierarchical");
-            ranks.push(Arc::new(h));
-        }
-    }
+    let nodes = (0..2).map(|_| group(2, &NcclOptions::default())).collect();
+    let ranks: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, tcp_pair())
+        .expect("hierarchical")
+        .into_iter()
+        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+        .collect();
     if let Err(f) = run_threads(&ranks, &Options::default().rounds(200)) {
         panic!("{f:#?}");
     }

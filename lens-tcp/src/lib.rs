@@ -34,6 +34,7 @@ mod config;
 mod frame;
 mod group;
 mod key;
+mod loopback;
 mod net;
 mod round;
 mod tree;
@@ -42,6 +43,7 @@ pub use broadcaster::{Rendezvous, TcpBroadcaster};
 pub use config::{
     DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig, TcpConfigBuilder, env,
 };
+pub use loopback::{LoopbackGroup, loopback_group};
 
 /// For the fuzz target: whether the frame decoder accepts `bytes` under `key`.
 #[doc(hidden)]

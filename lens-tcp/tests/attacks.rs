@@ -66,8 +66,9 @@ fn pair_through_relay(join: Duration) -> (Vec<TcpBroadcaster>, Relay) {
 /// just bytes that fail the checks, and the job goes on.
 #[test]
 fn routing_id_claims_cannot_crash_a_rank() {
-    let ranks = common::group(3, Duration::from_secs(5));
-    let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+    let lens_tcp::LoopbackGroup { ranks, addr, .. } =
+        common::group_at(3, Duration::from_secs(5), None);
+    let addr = addr.to_string();
     let ctx = zmq::Context::new();
     let mut sockets = Vec::new();
     for id in [

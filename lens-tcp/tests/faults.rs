@@ -134,8 +134,8 @@ fn killed_root_is_named_by_everyone() {
 #[test]
 fn duplicate_rank_is_turned_away() {
     let timeout = Duration::from_secs(5);
-    let ranks = common::group(3, timeout);
-    let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+    let lens_tcp::LoopbackGroup { ranks, addr, .. } = common::group_at(3, timeout, None);
+    let addr = addr.to_string();
     // Rank 0 reads joins while it takes part in a collective, so run rounds meanwhile.
     std::thread::scope(|s| {
         let dup = s.spawn(|| TcpBroadcaster::connect(common::config(1, 3, &addr, timeout)));
@@ -154,8 +154,8 @@ fn duplicate_rank_is_turned_away() {
 #[test]
 fn strangers_cannot_disturb_the_group() {
     let timeout = Duration::from_secs(5);
-    let ranks = common::group(3, timeout);
-    let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+    let lens_tcp::LoopbackGroup { ranks, addr, .. } = common::group_at(3, timeout, None);
+    let addr = addr.to_string();
     let ctx = zmq::Context::new();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {

@@ -15,26 +15,13 @@ fn tcp_leaders_and_local_nodes_pass_conformance() {
     // Three nodes of 2, 3 and 1 ranks.
     let layout = NodeLayout::new(vec![vec![0, 1], vec![2, 3, 4], vec![5]]).expect("layout");
     let leaders = common::group(layout.node_count(), Duration::from_secs(10));
-    let mut ranks: Vec<Option<Arc<dyn Broadcaster>>> =
-        (0..layout.world_size()).map(|_| None).collect();
-    for (node, leader_rank) in leaders.into_iter().enumerate() {
-        let mut leader_rank = Some(leader_rank);
-        let members = layout.node(node).expect("node").to_vec();
-        let locals = LocalCluster::new(members.len()).broadcasters();
-        for (local, global) in locals.into_iter().zip(members) {
-            let leader = if local.rank() == 0 {
-                leader_rank.take()
-            } else {
-                None
-            };
-            let h =
-                Hierarchical::new(layout.clone(), node, local, leader).expect("hierarchical rank");
-            ranks[global] = Some(Arc::new(h));
-        }
-    }
-    let ranks: Vec<Arc<dyn Broadcaster>> = ranks
+    let nodes = (0..layout.node_count())
+        .map(|n| LocalCluster::new(layout.node(n).expect("node").len()).broadcasters())
+        .collect();
+    let ranks: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
+        .expect("hierarchical ranks")
         .into_iter()
-        .map(|r| r.expect("every rank placed"))
+        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
         .collect();
     if let Err(f) = run_threads(&ranks, &Options::default().rounds(300)) {
         panic!("{f:#?}");

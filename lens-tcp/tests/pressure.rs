@@ -4,14 +4,15 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::Write as _;
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lens_core::{Broadcaster as _, blocking};
 use lens_tcp::TcpBroadcaster;
+use lens_testkit::process::Supervised;
 
 const CHILD_VAR: &str = "LENS_PRESSURE_CHILD";
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -19,17 +20,7 @@ const ROUNDS: usize = 1500;
 /// What a flooder pushes: 3,000 messages of 64 KiB per connection slot.
 const FLOOD_CHUNKS: usize = 3000;
 
-/// Kills the child when dropped (a failed assertion included).
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn child(case: &str, wrapper: &[&str]) -> Guard {
+fn child(case: &str, wrapper: &[&str]) -> Supervised {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = match wrapper.split_first() {
         Some((first, rest)) => {
@@ -39,44 +30,17 @@ fn child(case: &str, wrapper: &[&str]) -> Guard {
         }
         None => Command::new(&exe),
     };
-    let child = cmd
-        .args(["--exact", "pressure_child", "--ignored", "--nocapture"])
+    cmd.args(["--exact", "pressure_child", "--ignored", "--nocapture"])
         .env(CHILD_VAR, case)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the child");
-    Guard(child)
+        .stdin(Stdio::piped());
+    Supervised::spawn(&mut cmd, DEADLINE).expect("start the child")
 }
 
-/// The child's stdout lines until it exits, within the deadline.
-fn finish(mut g: Guard) -> (bool, String) {
-    let started = Instant::now();
-    let out = g.0.stdout.take().expect("stdout");
-    let err = g.0.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = BufReader::new(out).read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = BufReader::new(err).read_to_string(&mut s);
-        s
-    });
-    loop {
-        if let Some(status) = g.0.try_wait().expect("wait") {
-            let out = reader.join().expect("reader");
-            let err = err_reader.join().expect("reader");
-            return (status.success(), format!("{out}\n{err}"));
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the child ran past {DEADLINE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Whether the child succeeded, and all it printed, once it exits within the deadline.
+fn finish(g: Supervised) -> (bool, String) {
+    let done = g.wait();
+    assert!(!done.timed_out, "the child ran past {DEADLINE:?}");
+    (done.success(), format!("{}\n{}", done.stdout, done.stderr))
 }
 
 /// `(seconds for the rounds, peak RSS in KiB)` from a child's report.
@@ -125,25 +89,15 @@ fn flood_of_keyless_data_keeps_memory_bounded() {
 #[test]
 fn idle_connections_cannot_exhaust_descriptors() {
     let mut g = child("idle", &["prlimit", "--nofile=96:96", "--"]);
-    let mut out = BufReader::new(g.0.stdout.take().expect("stdout"));
-    // The test harness prints a few lines of its own first.
-    let mut addr = None;
-    for _ in 0..20 {
-        let mut line = String::new();
-        if out.read_line(&mut line).expect("the child's output") == 0 {
-            break;
-        }
-        if let Some(a) = line.trim().strip_prefix("ADDR ") {
-            addr = Some(a.to_owned());
-            break;
-        }
-    }
-    let addr = addr.expect("the child printed its address");
+    let addr = g
+        .wait_for_line("ADDR ", Duration::from_secs(60))
+        .map(|a| a.trim().to_owned())
+        .expect("the child printed its address");
     let idle: Vec<TcpStream> = (0..100)
         .filter_map(|_| TcpStream::connect(&addr).ok())
         .collect();
     assert!(idle.len() >= 64, "only {} connections opened", idle.len());
-    writeln!(g.0.stdin.take().expect("stdin"), "go").expect("go");
+    writeln!(g.stdin().expect("stdin"), "go").expect("go");
     let go = Instant::now();
     // Ranks 1 and 2 live here, as they would on other hosts: only rank 0 is limited.
     let others: Vec<TcpBroadcaster> = std::thread::scope(|s| {
@@ -173,7 +127,6 @@ fn idle_connections_cannot_exhaust_descriptors() {
     }) {
         assert_eq!(r.expect("rounds from rank 0").len(), 10);
     }
-    g.0.stdout = Some(out.into_inner());
     let (ok, rest) = finish(g);
     assert!(ok && rest.contains("JOINED"), "{rest}");
     drop(idle);
@@ -243,8 +196,9 @@ fn pressure_child() {
     };
     match case.as_str() {
         "quiet" | "flood" => {
-            let ranks = common::group(2, Duration::from_secs(10));
-            let addr = common::HUB_ADDR.with(|a| a.borrow().clone());
+            let lens_tcp::LoopbackGroup { ranks, addr, .. } =
+                common::group_at(2, Duration::from_secs(10), None);
+            let addr = addr.to_string();
             let stop = AtomicBool::new(false);
             let (secs, pushed) = std::thread::scope(|s| {
                 let flooders: Vec<_> = (0..if case == "flood" { 4 } else { 0 })

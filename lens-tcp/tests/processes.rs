@@ -1,26 +1,15 @@
 //! A group of 8 separate processes on loopback, configured from the environment as torchrun
 //! would, running the conformance suite. The test binary starts copies of itself.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::conformance::{Options, run_rank};
+use lens_testkit::process::{Supervised, wait_all};
 
 const WORLD: usize = 8;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-/// Kills every child still running when dropped (a failed assertion included).
-struct Children(Vec<(usize, Child)>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 #[test]
 fn eight_processes_pass_conformance() {
@@ -40,72 +29,44 @@ fn run_processes(fan_out: Option<usize>) {
         .expect("addr")
         .port();
     let exe = std::env::current_exe().expect("test binary");
-    let mut children = Children(Vec::new());
+    let mut children = Vec::new();
     for rank in 0..WORLD {
-        let child = Command::new(&exe)
-            .args([
-                "--exact",
-                "child_rank",
-                "--ignored",
-                "--test-threads=1",
-                "--quiet",
-            ])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", WORLD.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("LENS_TCP_KEY", "eight processes share this job key")
-            .env("LENS_TCP_TIMEOUT", "20")
-            .env("LENS_TCP_TEST_CHILD", "1")
-            .env(
-                "LENS_TCP_FAN_OUT",
-                fan_out.map_or(String::from("7"), |k| k.to_string()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start a rank");
-        children.0.push((rank, child));
-    }
-    let started = Instant::now();
-    let mut done = vec![false; WORLD];
-    while done.iter().any(|d| !d) {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "ranks still running after {DEADLINE:?}: {done:?}"
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--exact",
+            "child_rank",
+            "--ignored",
+            "--test-threads=1",
+            "--quiet",
+        ])
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", WORLD.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("LENS_TCP_KEY", "eight processes share this job key")
+        .env("LENS_TCP_TIMEOUT", "20")
+        .env("LENS_TCP_TEST_CHILD", "1")
+        .env(
+            "LENS_TCP_FAN_OUT",
+            fan_out.map_or(String::from("7"), |k| k.to_string()),
         );
-        for (rank, child) in &mut children.0 {
-            if done[*rank] {
-                continue;
-            }
-            if let Some(status) = child.try_wait().expect("wait") {
-                done[*rank] = true;
-                let out = child.wait_with_output_lossy();
-                assert!(status.success(), "rank {rank} failed ({status}):\n{out}");
-                // The child really ran its rank (a filter that matched nothing would pass).
-                assert!(out.contains("1 passed"), "rank {rank} ran no test:\n{out}");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        children.push(Supervised::spawn(&mut cmd, DEADLINE).expect("start a rank"));
     }
-}
-
-trait Lossy {
-    fn wait_with_output_lossy(&mut self) -> String;
-}
-
-impl Lossy for Child {
-    fn wait_with_output_lossy(&mut self) -> String {
-        use std::io::Read as _;
-        let mut s = String::new();
-        if let Some(mut o) = self.stdout.take() {
-            let _ = o.read_to_string(&mut s);
-        }
-        if let Some(mut e) = self.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
+    // Fails at the first rank that fails; the others are killed as they are dropped.
+    wait_all(children, |rank, done| {
+        let out = done.output();
+        assert!(
+            !done.timed_out,
+            "rank {rank} still running after {DEADLINE:?}:\n{out}"
+        );
+        assert!(
+            done.success(),
+            "rank {rank} failed ({:?}):\n{out}",
+            done.status
+        );
+        // The child really ran its rank (a filter that matched nothing would pass).
+        assert!(out.contains("1 passed"), "rank {rank} ran no test:\n{out}");
+    });
 }
 
 /// One rank of `eight_processes_pass_conformance`, started by it in its own process.

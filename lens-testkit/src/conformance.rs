@@ -252,24 +252,24 @@ pub async fn run_rank(b: &dyn Broadcaster, opts: &Options) -> Result<(), Failure
 /// # Errors
 /// Every failure, one per failing rank (a rank whose thread panicked included).
 pub fn run_threads<B: Broadcaster>(ranks: &[B], opts: &Options) -> Result<(), Vec<Failure>> {
-    let failures: Vec<Failure> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|b| s.spawn(move || futures::executor::block_on(run_rank(b, opts))))
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .filter_map(|(rank, h)| match h.join() {
-                Ok(r) => r.err(),
-                Err(_) => Some(Failure {
-                    case: "thread",
-                    rank,
-                    detail: "the rank's thread panicked".into(),
-                }),
-            })
-            .collect()
+    let outcomes = crate::on_each_rank(ranks, |b| {
+        // A panic on a rank is a failure of that rank, not of the caller's thread.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            futures::executor::block_on(run_rank(b, opts))
+        }))
     });
+    let failures: Vec<Failure> = outcomes
+        .into_iter()
+        .enumerate()
+        .filter_map(|(rank, outcome)| match outcome {
+            Ok(r) => r.err(),
+            Err(_) => Some(Failure {
+                case: "thread",
+                rank,
+                detail: "the rank's thread panicked".into(),
+            }),
+        })
+        .collect();
     if failures.is_empty() {
         Ok(())
     } else {

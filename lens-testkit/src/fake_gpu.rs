@@ -14,7 +14,9 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::process::Supervised;
 
 /// The C source of the fake libraries.
 pub const SOURCE: &str = include_str!("fake_gpu.c");
@@ -57,34 +59,23 @@ impl FakeGpu {
         std::fs::write(&src, SOURCE)?;
         let lib = fake.dir.join("libfakegpu.so");
         let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
-        let mut child = Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O1", "-o"])
+        let mut cmd = Command::new(&cc);
+        cmd.args(["-shared", "-fPIC", "-O1", "-o"])
             .arg(&lib)
             .arg(&src)
             .arg("-lpthread")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| other(format!("cannot run the C compiler {cc:?}: {e}")))?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(other(format!("{cc:?} ran for over 60 s")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        if !status.success() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = io::Read::read_to_string(&mut e, &mut err);
-            }
-            return Err(other(format!("{cc:?} failed ({status}): {err}")));
+            .stdin(Stdio::null());
+        let done = Supervised::spawn(&mut cmd, Duration::from_secs(60))
+            .map_err(|e| other(format!("cannot run the C compiler {cc:?}: {e}")))?
+            .wait();
+        if done.timed_out {
+            return Err(other(format!("{cc:?} ran for over 60 s")));
+        }
+        if !done.success() {
+            return Err(other(format!(
+                "{cc:?} failed ({:?}): {}",
+                done.status, done.stderr
+            )));
         }
         // cudarc looks for libcuda.so and libnccl.so; probes may try the versioned names.
         for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {

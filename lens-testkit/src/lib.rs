@@ -20,6 +20,7 @@ pub mod conformance;
 pub mod fake_gpu;
 mod fault;
 mod local;
+pub mod process;
 
 pub use cluster::{CheckError, Cluster, ClusterBuilder, RankCtx, RankReport, Report};
 pub use fault::{Corruption, Fault, Faulty};

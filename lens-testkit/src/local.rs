@@ -291,27 +291,10 @@ impl LocalCluster {
             world_size: n,
             ..self.clone()
         };
-        let mut leaders = with_size(layout.node_count()).broadcasters().into_iter();
-        let mut by_rank: Vec<Option<lens_core::Hierarchical<LocalBroadcaster, LocalBroadcaster>>> =
-            (0..layout.world_size()).map(|_| None).collect();
-        for node in 0..layout.node_count() {
-            let ranks = layout.node(node).unwrap_or_default();
-            let locals = with_size(ranks.len()).broadcasters();
-            for (local, &global) in locals.into_iter().zip(ranks) {
-                let leader = if local.rank() == 0 {
-                    leaders.next()
-                } else {
-                    None
-                };
-                let h = lens_core::Hierarchical::new(layout.clone(), node, local, leader)?;
-                if let Some(slot) = by_rank.get_mut(global) {
-                    *slot = Some(h);
-                }
-            }
-        }
-        by_rank
-            .into_iter()
-            .map(|h| h.ok_or_else(|| Error::config("layout left a rank without a node")))
-            .collect()
+        let nodes = (0..layout.node_count())
+            .map(|node| with_size(layout.node(node).map_or(0, <[usize]>::len)).broadcasters())
+            .collect();
+        let leaders = with_size(layout.node_count()).broadcasters();
+        lens_core::Hierarchical::assemble(layout, nodes, leaders)
     }
 }

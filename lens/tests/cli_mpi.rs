@@ -2,50 +2,31 @@
 //! `scripts/test.sh` installs Open MPI and runs these with `--ignored`.
 #![cfg(feature = "mpi")]
 
-use std::io::Read as _;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use lens::testkit::process::Supervised;
 
 fn mpirun(n: usize, args: &[&str]) -> (bool, String) {
-    let mut child = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-n",
-            &n.to_string(),
-        ])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .arg(env!("CARGO_BIN_EXE_lens"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mpirun starts (install openmpi-bin)");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun lens {args:?} ran past its deadline and was killed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    let _ = child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out);
-    let _ = child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut out);
-    (status.success(), out)
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        &n.to_string(),
+    ])
+    .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+    .arg(env!("CARGO_BIN_EXE_lens"))
+    .args(args)
+    .stdin(Stdio::null());
+    let done = Supervised::spawn(&mut cmd, Duration::from_secs(120))
+        .expect("mpirun starts (install openmpi-bin)")
+        .wait();
+    assert!(
+        !done.timed_out,
+        "mpirun lens {args:?} ran past its deadline and was killed"
+    );
+    (done.success(), done.output())
 }
 
 #[test]

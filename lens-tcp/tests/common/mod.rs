@@ -46,13 +46,7 @@ pub fn hub_with(
     let hub =
         TcpBroadcaster::start(config_with(0, n, "127.0.0.1:0", timeout, fan_out)).expect("bind");
     let addr = hub.local_addr().expect("bound address").to_string();
-    HUB_ADDR.with(|a| *a.borrow_mut() = addr.clone());
     (hub, addr)
-}
-
-thread_local! {
-    /// The address of the last hub this thread started.
-    pub static HUB_ADDR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 /// A whole group of `n` ranks in this process.
@@ -62,20 +56,20 @@ pub fn group(n: usize, timeout: Duration) -> Vec<TcpBroadcaster> {
 
 /// A whole group with tree fan-out `k` (`None`: the star).
 pub fn group_with(n: usize, timeout: Duration, fan_out: Option<usize>) -> Vec<TcpBroadcaster> {
-    let (hub, addr) = hub_with(n, timeout, fan_out);
-    let others: Vec<_> = (1..n)
-        .map(|r| {
-            TcpBroadcaster::start(config_with(r, n, &addr, timeout, fan_out)).expect("connect")
-        })
-        .collect();
-    let mut all: Vec<_> = std::thread::scope(|s| {
-        let hub = s.spawn(|| hub.finish());
-        let others: Vec<_> = others.into_iter().map(|o| s.spawn(|| o.finish())).collect();
-        std::iter::once(hub)
-            .chain(others)
-            .map(|h| h.join().expect("join thread").expect("group forms"))
-            .collect()
-    });
-    all.sort_by_key(lens_core::Broadcaster::rank);
-    all
+    group_at(n, timeout, fan_out).ranks
+}
+
+/// A whole group and rank 0's address, where a stranger would knock.
+pub fn group_at(n: usize, timeout: Duration, fan_out: Option<usize>) -> lens_tcp::LoopbackGroup {
+    lens_tcp::loopback_group(n, |b| {
+        let b = b
+            .key(KEY)
+            .timeout(timeout)
+            .join_timeout(Duration::from_secs(20));
+        match fan_out {
+            Some(k) => b.fan_out(k),
+            None => b,
+        }
+    })
+    .expect("group forms")
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use lens::Broadcaster;
-use lens::tcp::{TcpBroadcaster, TcpConfig, TcpConfigBuilder};
+use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
 
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
 use super::super::backend::{Backend, BenchReport, DemoRun};
@@ -164,39 +164,15 @@ impl Drop for KeyFile {
 /// lens's group of `n` ranks on loopback, formed on one thread per rank.
 fn lens_group(n: usize, fan_out: Option<usize>) -> Result<Vec<TcpBroadcaster>, String> {
     let key = random_hex(32)?;
-    let cfg = |rank: usize, addr: &str| {
-        let mut b = TcpConfig::builder()
-            .rank(rank)
-            .world_size(n)
-            .addr(addr)
-            .key(&key)
-            .timeout(Duration::from_secs(30));
-        if let Some(k) = fan_out {
-            b = b.fan_out(k);
+    let group = lens::tcp::loopback_group(n, |b| {
+        let b = b.key(&key).timeout(Duration::from_secs(30));
+        match fan_out {
+            Some(k) => b.fan_out(k),
+            None => b,
         }
-        b.build().map_err(|e| e.to_string())
-    };
-    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")?).map_err(|e| e.to_string())?;
-    let addr = hub.local_addr().ok_or("rank 0 has no address")?.to_string();
-    let others = (1..n)
-        .map(|r| TcpBroadcaster::start(cfg(r, &addr)?).map_err(|e| e.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = std::iter::once(hub)
-            .chain(others)
-            .map(|r| s.spawn(move || r.finish()))
-            .collect();
-        let mut ranks = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| "a rank's thread failed".to_string())?
-                    .map_err(|e| e.to_string())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        ranks.sort_by_key(Broadcaster::rank);
-        Ok(ranks)
     })
+    .map_err(|e| e.to_string())?;
+    Ok(group.ranks)
 }
 
 fn zerr(e: zmq::Error) -> String {
