@@ -99,6 +99,17 @@ pub struct Hierarchical<L, G> {
     leaders: Option<G>,
 }
 
+impl<L, G> std::fmt::Debug for Hierarchical<L, G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hierarchical")
+            .field("rank", &self.rank)
+            .field("node", &self.node)
+            .field("leader", &self.leaders.is_some())
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<L: Broadcaster, G: Broadcaster> Hierarchical<L, G> {
     /// Joins node `node`'s `local` group and, on the node's leader (local rank 0), the
     /// `leaders` group (`None` elsewhere).

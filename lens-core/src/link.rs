@@ -12,8 +12,17 @@ use crate::carrier::Carrier;
 pub mod attributes {
     /// On a link: the rank the linked span context was broadcast from.
     pub const LINK_SOURCE_RANK: &str = "lens.link.source_rank";
-    /// On a link: how the remote context arrived (`"broadcast"`, `"carrier"`, `"context"`).
+    /// On a link: how the remote context arrived, one of [`SOURCE_BROADCAST`],
+    /// [`SOURCE_CARRIER`], [`SOURCE_CONTEXT`] and [`SOURCE_SPAN_CONTEXT`].
     pub const LINK_SOURCE: &str = "lens.link.source";
+    /// [`LINK_SOURCE`] of a carrier that came from a broadcast (it knows its source rank).
+    pub const SOURCE_BROADCAST: &str = "broadcast";
+    /// [`LINK_SOURCE`] of any other carrier (one the application passed along itself).
+    pub const SOURCE_CARRIER: &str = "carrier";
+    /// [`LINK_SOURCE`] of a remote given as an OpenTelemetry `Context`.
+    pub const SOURCE_CONTEXT: &str = "context";
+    /// [`LINK_SOURCE`] of a remote given as a bare `SpanContext`.
+    pub const SOURCE_SPAN_CONTEXT: &str = "span_context";
 }
 
 /// The remote span a linked span points to: made from a [`Context`], a [`Carrier`] (as
@@ -61,13 +70,13 @@ impl Remote {
 
 impl From<SpanContext> for Remote {
     fn from(sc: SpanContext) -> Self {
-        Remote::from_span_context(sc, "span_context")
+        Remote::from_span_context(sc, attributes::SOURCE_SPAN_CONTEXT)
     }
 }
 
 impl From<&Context> for Remote {
     fn from(cx: &Context) -> Self {
-        Remote::from_span_context(cx.span().span_context().clone(), "context")
+        Remote::from_span_context(cx.span().span_context().clone(), attributes::SOURCE_CONTEXT)
     }
 }
 
@@ -80,9 +89,9 @@ impl From<Context> for Remote {
 impl From<&Carrier> for Remote {
     fn from(c: &Carrier) -> Self {
         let origin = if c.source_rank().is_some() {
-            "broadcast"
+            attributes::SOURCE_BROADCAST
         } else {
-            "carrier"
+            attributes::SOURCE_CARRIER
         };
         Remote {
             span_context: c.span_context(),

@@ -245,3 +245,48 @@ fn remote_from_context_and_option() {
         Some(remote_sc().span_id())
     );
 }
+
+/// Every way to name a remote, with the `lens.link.source` value its link carries (one row
+/// per documented value).
+#[test]
+fn link_source_names_how_the_remote_arrived() {
+    use lens_core::link::attributes::{
+        SOURCE_BROADCAST, SOURCE_CARRIER, SOURCE_CONTEXT, SOURCE_SPAN_CONTEXT,
+    };
+    let carrier = Carrier::from_context(&Context::new().with_remote_span_context(remote_sc()));
+    let broadcast = carrier.clone().with_source_rank(2);
+    let rows: [(&str, Remote, &str); 4] = [
+        (
+            "a broadcast carrier",
+            Remote::from(&broadcast),
+            SOURCE_BROADCAST,
+        ),
+        (
+            "a carrier passed along",
+            Remote::from(&carrier),
+            SOURCE_CARRIER,
+        ),
+        (
+            "a Context",
+            Remote::from(Context::new().with_remote_span_context(remote_sc())),
+            SOURCE_CONTEXT,
+        ),
+        (
+            "a SpanContext",
+            Remote::from(remote_sc()),
+            SOURCE_SPAN_CONTEXT,
+        ),
+    ];
+    for (why, remote, want) in rows {
+        let (provider, exporter, _) = setup();
+        let tracer = provider.tracer("t");
+        create_linked_span(&tracer, "s", remote, vec![]).end();
+        let spans = finished(&exporter);
+        let link = spans[0].links.iter().next().expect("a link");
+        assert_eq!(
+            attr(&link.attributes, LINK_SOURCE),
+            Some(&Value::from(want)),
+            "{why}"
+        );
+    }
+}

@@ -151,9 +151,14 @@ impl Cluster {
             let outcome = match task {
                 None => None,
                 Some(handle) => Some(handle.await.unwrap_or_else(|e| {
+                    let what = if e.is_panic() {
+                        "panicked"
+                    } else {
+                        "was cancelled"
+                    };
                     Err(Error::Closed {
                         backend: "testkit",
-                        reason: format!("rank {rank}'s task failed: {e}"),
+                        reason: format!("rank {rank}'s code {what}: {e}"),
                     })
                 })),
             };

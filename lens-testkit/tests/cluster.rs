@@ -258,3 +258,27 @@ async fn conformance_catches_a_stale_round() {
         "{failures:?}"
     );
 }
+
+/// A rank whose code panics is reported as that rank's failure, saying it panicked; the
+/// others still report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_rank_is_reported_as_panicked() {
+    let report = Cluster::builder(2)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .run(|r| async move {
+            if r.rank == 1 {
+                panic!("the rank's own bug");
+            }
+            Ok(())
+        })
+        .await
+        .expect("run");
+    match &report.ranks[1].outcome {
+        Some(Err(Error::Closed { reason, .. })) => {
+            assert!(reason.contains("rank 1's code panicked"), "{reason}")
+        }
+        other => panic!("expected rank 1 to be reported as panicked, got {other:?}"),
+    }
+    assert!(matches!(report.ranks[0].outcome, Some(Ok(()))));
+}

@@ -9,19 +9,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A TCP relay from a loopback port to `upstream`, recording both directions.
-pub struct Relay {
-    pub addr: String,
+pub(crate) struct Relay {
+    pub(crate) addr: String,
     upstream: String,
     /// Bytes from the connecting side (a joiner), per connection.
-    pub up: Arc<Mutex<Vec<Vec<u8>>>>,
+    pub(crate) up: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Bytes from the listening side (rank 0), per connection.
-    pub down: Arc<Mutex<Vec<Vec<u8>>>>,
+    pub(crate) down: Arc<Mutex<Vec<Vec<u8>>>>,
     live: Arc<Mutex<Vec<TcpStream>>>,
     stop: Arc<AtomicBool>,
 }
 
 impl Relay {
-    pub fn new(upstream: &str) -> Relay {
+    pub(crate) fn new(upstream: &str) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind relay");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr").to_string();
@@ -74,12 +74,12 @@ impl Relay {
     }
 
     /// Where it relays to.
-    pub fn upstream(&self) -> String {
+    pub(crate) fn upstream(&self) -> String {
         self.upstream.clone()
     }
 
     /// Resets every connection through the relay (new ones are still relayed).
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         for s in self.live.lock().expect("lock").drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -113,7 +113,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, log: Arc<Mutex<Vec<Vec<u8>>>>, a
 
 /// A fake server on a loopback port that answers every connection with `bytes` (after the
 /// first bytes arrive) and then stays silent.
-pub fn replaying_server(bytes: Vec<u8>) -> String {
+pub(crate) fn replaying_server(bytes: Vec<u8>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     std::thread::spawn(move || {
@@ -139,7 +139,7 @@ pub fn replaying_server(bytes: Vec<u8>) -> String {
 }
 
 /// A connection that sends `bytes` `times` times and never reads.
-pub fn never_reading(addr: &str, bytes: &[u8], times: usize) -> TcpStream {
+pub(crate) fn never_reading(addr: &str, bytes: &[u8], times: usize) -> TcpStream {
     let s = TcpStream::connect(addr).expect("connect");
     let mut w = s.try_clone().expect("clone");
     w.set_write_timeout(Some(Duration::from_secs(2)))

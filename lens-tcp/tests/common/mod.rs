@@ -1,19 +1,19 @@
 //! Helpers: an in-process TCP group on loopback, one thread per rank.
 #![allow(dead_code)]
 
-pub mod attacker;
+pub(crate) mod attacker;
 
 use std::time::Duration;
 
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 
-pub const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
+pub(crate) const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
 
-pub fn config(rank: usize, n: usize, addr: &str, timeout: Duration) -> TcpConfig {
+pub(crate) fn config(rank: usize, n: usize, addr: &str, timeout: Duration) -> TcpConfig {
     config_with(rank, n, addr, timeout, None)
 }
 
-pub fn config_with(
+pub(crate) fn config_with(
     rank: usize,
     n: usize,
     addr: &str,
@@ -34,11 +34,11 @@ pub fn config_with(
 }
 
 /// Rank 0 on an ephemeral loopback port; returns its rendezvous and the address.
-pub fn hub(n: usize, timeout: Duration) -> (lens_tcp::Rendezvous, String) {
+pub(crate) fn hub(n: usize, timeout: Duration) -> (lens_tcp::Rendezvous, String) {
     hub_with(n, timeout, None)
 }
 
-pub fn hub_with(
+pub(crate) fn hub_with(
     n: usize,
     timeout: Duration,
     fan_out: Option<usize>,
@@ -50,17 +50,25 @@ pub fn hub_with(
 }
 
 /// A whole group of `n` ranks in this process.
-pub fn group(n: usize, timeout: Duration) -> Vec<TcpBroadcaster> {
+pub(crate) fn group(n: usize, timeout: Duration) -> Vec<TcpBroadcaster> {
     group_with(n, timeout, None)
 }
 
 /// A whole group with tree fan-out `k` (`None`: the star).
-pub fn group_with(n: usize, timeout: Duration, fan_out: Option<usize>) -> Vec<TcpBroadcaster> {
+pub(crate) fn group_with(
+    n: usize,
+    timeout: Duration,
+    fan_out: Option<usize>,
+) -> Vec<TcpBroadcaster> {
     group_at(n, timeout, fan_out).ranks
 }
 
 /// A whole group and rank 0's address, where a stranger would knock.
-pub fn group_at(n: usize, timeout: Duration, fan_out: Option<usize>) -> lens_tcp::LoopbackGroup {
+pub(crate) fn group_at(
+    n: usize,
+    timeout: Duration,
+    fan_out: Option<usize>,
+) -> lens_tcp::LoopbackGroup {
     lens_tcp::loopback_group(n, |b| {
         let b = b
             .key(KEY)

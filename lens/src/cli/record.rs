@@ -9,29 +9,29 @@ use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value as Json, json};
 
 /// Prefix of a span line a rank process prints.
-pub const SPAN_LINE: &str = "lens-span ";
+pub(crate) const SPAN_LINE: &str = "lens-span ";
 
 /// A link of a [`SpanRecord`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct LinkRecord {
-    pub trace_id: String,
-    pub span_id: String,
-    pub source_rank: Option<i64>,
+pub(crate) struct LinkRecord {
+    pub(crate) trace_id: String,
+    pub(crate) span_id: String,
+    pub(crate) source_rank: Option<i64>,
 }
 
 /// A finished span, reduced to what the demo needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SpanRecord {
-    pub rank: usize,
-    pub name: String,
-    pub trace_id: String,
-    pub span_id: String,
-    pub parent_span_id: String,
-    pub step: Option<i64>,
+pub(crate) struct SpanRecord {
+    pub(crate) rank: usize,
+    pub(crate) name: String,
+    pub(crate) trace_id: String,
+    pub(crate) span_id: String,
+    pub(crate) parent_span_id: String,
+    pub(crate) step: Option<i64>,
     /// Microseconds since the Unix epoch.
-    pub start_us: f64,
-    pub end_us: f64,
-    pub links: Vec<LinkRecord>,
+    pub(crate) start_us: f64,
+    pub(crate) end_us: f64,
+    pub(crate) links: Vec<LinkRecord>,
 }
 
 fn unix_us(t: SystemTime) -> f64 {
@@ -40,7 +40,7 @@ fn unix_us(t: SystemTime) -> f64 {
 }
 
 impl SpanRecord {
-    pub fn from_span(rank: usize, s: &SpanData, step_key: &str) -> Self {
+    pub(crate) fn from_span(rank: usize, s: &SpanData, step_key: &str) -> Self {
         let step = s
             .attributes
             .iter()
@@ -77,7 +77,7 @@ impl SpanRecord {
         }
     }
 
-    pub fn to_json(&self) -> Json {
+    pub(crate) fn to_json(&self) -> Json {
         json!({
             "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
             "parent_span_id": self.parent_span_id, "step": self.step, "start_us": self.start_us,
@@ -89,7 +89,7 @@ impl SpanRecord {
     }
 
     #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
-    pub fn from_json(v: &Json) -> Option<Self> {
+    pub(crate) fn from_json(v: &Json) -> Option<Self> {
         let s = |k: &str| v.get(k).and_then(Json::as_str).map(str::to_owned);
         Some(SpanRecord {
             rank: usize::try_from(v.get("rank")?.as_u64()?).ok()?,
@@ -118,17 +118,17 @@ impl SpanRecord {
 
 /// Every rank's spans and failures after a demo run, whatever the backend.
 #[derive(Debug, Default)]
-pub struct Job {
+pub(crate) struct Job {
     /// Spans by rank.
-    pub ranks: Vec<Vec<SpanRecord>>,
+    pub(crate) ranks: Vec<Vec<SpanRecord>>,
     /// `(rank, reason, is a timeout)` for each rank that failed.
-    pub failures: Vec<(usize, String, bool)>,
+    pub(crate) failures: Vec<(usize, String, bool)>,
     /// Ranks that never ran.
-    pub absent: Vec<usize>,
+    pub(crate) absent: Vec<usize>,
 }
 
 impl Job {
-    pub fn named(&self, rank: usize, name: &str) -> Vec<&SpanRecord> {
+    pub(crate) fn named(&self, rank: usize, name: &str) -> Vec<&SpanRecord> {
         self.ranks.get(rank).map_or(Vec::new(), |v| {
             v.iter().filter(|s| s.name == name).collect()
         })

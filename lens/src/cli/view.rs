@@ -14,7 +14,7 @@ const MAX_STEPS_SHOWN: usize = 3;
 const MAX_RANKS_SHOWN: usize = 12;
 
 /// A waterfall per step: one bar per rank, with the link each stage's span carries.
-pub fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
+pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
     let mut out = String::new();
     let n = job.ranks.len();
     let roots = job.named(0, STEP_SPAN);
@@ -86,7 +86,7 @@ pub fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
 
 /// Chrome trace event JSON: one process per rank, a complete event per span, and a flow
 /// arrow from each linked span's source to the span.
-pub fn chrome_trace(job: &Job) -> String {
+pub(crate) fn chrome_trace(job: &Job) -> String {
     let zero = job
         .ranks
         .iter()

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use lens::testkit::process::Supervised;
 
-pub struct Run {
-    pub ok: bool,
-    pub stdout: String,
-    pub stderr: String,
+pub(crate) struct Run {
+    pub(crate) ok: bool,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// `lens args` with `env` set (and no `LENS_TCP_KEY` inherited), killed past `deadline`.
-pub fn lens_with_env(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Run {
+pub(crate) fn lens_with_env(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lens"));
     cmd.args(args)
         .env_remove("LENS_TCP_KEY")
@@ -34,13 +34,13 @@ pub fn lens_with_env(args: &[&str], env: &[(&str, &str)], deadline: Duration) ->
 }
 
 /// `lens args`, killed past `deadline`.
-pub fn lens(args: &[&str], deadline: Duration) -> Run {
+pub(crate) fn lens(args: &[&str], deadline: Duration) -> Run {
     lens_with_env(args, &[], deadline)
 }
 
 impl Run {
     /// Asserts the run failed with a one-line reason on stderr, and returns that line.
-    pub fn failure_line(&self) -> &str {
+    pub(crate) fn failure_line(&self) -> &str {
         assert!(!self.ok, "expected a failure; stdout: {}", self.stdout);
         let line = self.stderr.trim();
         assert_eq!(line.lines().count(), 1, "one line expected: {line}");
@@ -49,7 +49,7 @@ impl Run {
 
     /// Where the backend is `available`, asserts the run succeeded; elsewhere, that it failed
     /// in one line saying `backend` is unavailable. Returns `available`.
-    pub fn ran_or_unavailable(&self, available: bool, backend: &str) -> bool {
+    pub(crate) fn ran_or_unavailable(&self, available: bool, backend: &str) -> bool {
         if available {
             assert!(self.ok, "{}", self.stderr);
         } else {
@@ -62,7 +62,7 @@ impl Run {
 
     /// Asserts the run succeeded and printed `lens bench --json` lines for `backend`, one
     /// per `(ranks, op)` in order, each with `iters` rounds and sane timings; returns them.
-    pub fn bench_lines(
+    pub(crate) fn bench_lines(
         &self,
         backend: &str,
         expected: &[(u64, &str)],
