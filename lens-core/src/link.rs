@@ -123,8 +123,13 @@ impl From<&Option<Carrier>> for Remote {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Parent {
-    /// The local current span (as Python does); the remote is only linked.
+    /// The default: the local current span when the rank has one (as Python does, the
+    /// remote is then only linked), else the remote span, so that a rank with no span of
+    /// its own joins the source's trace instead of starting a trace of its own.
     #[default]
+    Auto,
+    /// The local current span (as Python does); the remote is only linked. A rank with no
+    /// current span starts a new trace.
     Current,
     /// The remote span: every rank then shares the source's trace id, so the whole job is
     /// one trace. Falls back to the current span when the remote is absent or invalid.
@@ -133,7 +138,9 @@ pub enum Parent {
     Root,
 }
 
-/// Starts a span linked to `remote`, a child of the current span, with `attributes`.
+/// Starts a span linked to `remote`, with `attributes`: a child of the current span when
+/// there is one, else of the remote span ([`Parent::Auto`]), so that a rank without a span
+/// of its own still lands in the job's trace.
 ///
 /// Links and attributes are given at creation, so samplers see them. Shorthand for
 /// [`LinkedSpan::builder`].
@@ -166,7 +173,7 @@ pub fn create_linked_span<T: Tracer>(
             attributes,
             Vec::new(),
             SpanKind::Internal,
-            Parent::Current,
+            Parent::default(),
             None,
             cx,
         )
@@ -201,7 +208,12 @@ fn start_linked<T: Tracer>(
         links.push(Link::new(sc.clone(), attrs, 0));
     }
     let own_parent;
+    let has_local = cx.span().span_context().is_valid();
     let parent_cx = match (parent, &remote.span_context) {
+        (Parent::Auto, Some(sc)) if !has_local => {
+            own_parent = cx.with_remote_span_context(sc.clone());
+            &own_parent
+        }
         (Parent::Remote, Some(sc)) => {
             own_parent = cx.with_remote_span_context(sc.clone());
             &own_parent
@@ -250,7 +262,7 @@ impl LinkedSpan {
             attributes: Vec::new(),
             link_attributes: Vec::new(),
             kind: SpanKind::Internal,
-            parent: Parent::Current,
+            parent: Parent::default(),
             start_time: None,
         }
     }
@@ -294,7 +306,7 @@ impl LinkedSpanBuilder {
         self
     }
 
-    /// The parent (default [`Parent::Current`]).
+    /// The parent (default [`Parent::Auto`]: the current span if any, else the remote).
     pub fn parent(mut self, parent: Parent) -> Self {
         self.parent = parent;
         self

@@ -290,3 +290,58 @@ fn link_source_names_how_the_remote_arrived() {
         );
     }
 }
+
+/// The default parent, `Auto`: the local current span where there is one (as Python), the
+/// remote where there is none (so the rank still lands in the job's trace), and a new trace
+/// only when there is neither.
+#[test]
+fn parent_auto_is_local_when_there_is_one_else_the_remote() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("t");
+    let local = tracer.start("local");
+    let local_sc = local.span_context().clone();
+    let with_local = Context::current_with_span(local);
+    // (why, context the span starts in, remote, expected trace id, expected parent)
+    let rows: [(&str, Context, Remote, TraceId, SpanId); 3] = [
+        (
+            "a current span: its child",
+            with_local.clone(),
+            Remote::from(remote_sc()),
+            local_sc.trace_id(),
+            local_sc.span_id(),
+        ),
+        (
+            "no current span: the remote's child",
+            Context::new(),
+            Remote::from(remote_sc()),
+            remote_sc().trace_id(),
+            remote_sc().span_id(),
+        ),
+        (
+            "neither: a root",
+            Context::new(),
+            Remote::none(),
+            TraceId::INVALID,
+            SpanId::INVALID,
+        ),
+    ];
+    for (why, cx, remote, trace, parent) in rows {
+        exporter.reset();
+        drop(
+            LinkedSpan::builder("linked")
+                .remote(remote)
+                .start_with_context(&tracer, &cx),
+        );
+        let spans = finished(&exporter);
+        let linked = spans.iter().find(|s| s.name == "linked").expect(why);
+        assert_eq!(linked.parent_span_id, parent, "{why}");
+        if trace != TraceId::INVALID {
+            assert_eq!(linked.span_context.trace_id(), trace, "{why}");
+        }
+    }
+    // `create_linked_span` has the same default.
+    exporter.reset();
+    drop(create_linked_span(&tracer, "linked", remote_sc(), vec![]));
+    let spans = finished(&exporter);
+    assert_eq!(spans[0].parent_span_id, remote_sc().span_id());
+}

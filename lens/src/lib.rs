@@ -16,6 +16,13 @@
 //!
 //! This crate re-exports everything of `lens-core`.
 //!
+//! **One trace per job.** A linked span's parent is [`Parent::Auto`] by default: the rank's
+//! current span if it has one (as NeMo Lens does), else the broadcast span, so a rank with
+//! no span of its own lands in the source's trace. [`Parent::Remote`] always joins it. In
+//! async code pass contexts explicitly ([`broadcast_context`], `start_with_context`): a
+//! context guard is not `Send`. The README's "Writing rank code" shows rank code generic
+//! over the tracer, so that the test kit can run it; ARCHITECTURE.md shows where things live.
+//!
 //! # Quick start
 //!
 //! ```
