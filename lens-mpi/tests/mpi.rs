@@ -3,13 +3,13 @@
 //! (`LENS_MPI_CASE` names the case). Without `mpirun` every case is reported ignored.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lens_core::{Broadcaster, Error, blocking};
-use lens_mpi::MpiBroadcaster;
+use lens_mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
 use lens_testkit::conformance::{Options, pattern, run_rank};
-use lens_testkit::process::Supervised;
+use lens_testkit::process::{Supervised, mpirun};
 use mpi::traits::*;
 
 /// (case, ranks, expected to exit with success)
@@ -20,6 +20,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("slab_boundaries", 3, true),
     ("ten_thousand_rounds", 2, true),
     ("carrier_on_every_rank", 3, true),
+    ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
 ];
 
@@ -32,14 +33,6 @@ fn main() {
     }
 }
 
-fn mpirun() -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("mpirun"))
-            .find(|p| p.is_file())
-    })
-}
-
 fn parent() {
     let filter: Vec<String> = std::env::args()
         .skip(1)
@@ -50,7 +43,7 @@ fn parent() {
         .filter(|(name, ..)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
         .collect();
     println!("\nrunning {} tests", cases.len());
-    let Some(mpirun) = mpirun() else {
+    if mpirun(1).is_none() {
         for (name, ..) in &cases {
             println!("test {name} ... ignored, mpirun not found on PATH (install openmpi-bin)");
         }
@@ -59,23 +52,18 @@ fn parent() {
             cases.len()
         );
         return;
-    };
+    }
     let exe = std::env::current_exe().expect("test binary");
     let (mut passed, mut failed) = (0, Vec::new());
     for (name, n, should_succeed) in cases {
         let started = Instant::now();
-        let mut cmd = Command::new(&mpirun);
-        cmd.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-n",
-            &n.to_string(),
-        ])
-        // Containers often forbid the cross-process memory attach Open MPI tries first.
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .arg(&exe)
-        .env("LENS_MPI_CASE", name)
-        .stdin(Stdio::null());
+        let mut cmd = mpirun(*n).expect("mpirun was found above");
+        cmd.arg(&exe)
+            .env("LENS_MPI_CASE", name)
+            // Read by `settings_from_the_environment` (the others build from code).
+            .env(lens_mpi::env::SLAB_SIZE, "64")
+            .env(lens_mpi::env::MAX_PAYLOAD, "1000")
+            .stdin(Stdio::null());
         let done = Supervised::spawn(&mut cmd, DEADLINE)
             .expect("start mpirun")
             .wait();
@@ -193,6 +181,28 @@ fn rank_main(case: &str) {
                 .expect("a carrier");
             assert_eq!(got.source_rank(), Some(1));
             assert!(got.span_context().is_some());
+        }
+        "settings_from_the_environment" => {
+            let b = check(
+                MpiBroadcasterBuilder::from_env(world.duplicate()).build(),
+                "build",
+            );
+            assert_eq!((b.slab_size(), b.max_payload()), (64, 1000));
+            // Over the 48-byte capacity: the remainder travels in a second collective.
+            let want = pattern(0, 0, 900);
+            let got = check(
+                blocking::broadcast(&b, 0, (me == 0).then_some(want.as_slice())),
+                "round",
+            );
+            assert_eq!(got, want);
+            // Code overrides the environment.
+            let b = check(
+                MpiBroadcasterBuilder::from_env(world.duplicate())
+                    .slab_size(256)
+                    .build(),
+                "build",
+            );
+            assert_eq!(b.slab_size(), 256);
         }
         "skipped_call_times_out" => {
             let b = check(

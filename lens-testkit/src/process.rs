@@ -194,6 +194,22 @@ impl Drop for Supervised {
     }
 }
 
+/// `mpirun -n <ranks>` with the flags lens's tests run Open MPI with (as root, more ranks
+/// than cores, no cross-process memory attach, which containers often forbid); the program
+/// and its arguments follow. `None` when `mpirun` is not on the `PATH`, so that a test can
+/// report itself ignored.
+pub fn mpirun(ranks: usize) -> Option<Command> {
+    let paths = std::env::var_os("PATH")?;
+    let exe = std::env::split_paths(&paths)
+        .map(|p| p.join("mpirun"))
+        .find(|p| p.is_file())?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n"])
+        .arg(ranks.to_string())
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    Some(cmd)
+}
+
 /// Waits for every child at once (each until its own deadline) and returns what each left,
 /// in order, calling `on_exit` as each one ends so a caller can fail early (dropping the
 /// rest kills them).

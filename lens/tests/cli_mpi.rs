@@ -2,23 +2,16 @@
 //! `scripts/test.sh` installs Open MPI and runs these with `--ignored`.
 #![cfg(feature = "mpi")]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use lens::testkit::process::Supervised;
+use lens::testkit::process::{self, Supervised};
 
 fn mpirun(n: usize, args: &[&str]) -> (bool, String) {
-    let mut cmd = Command::new("mpirun");
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-n",
-        &n.to_string(),
-    ])
-    .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-    .arg(env!("CARGO_BIN_EXE_lens"))
-    .args(args)
-    .stdin(Stdio::null());
+    let mut cmd = process::mpirun(n).expect("mpirun on the PATH (install openmpi-bin)");
+    cmd.arg(env!("CARGO_BIN_EXE_lens"))
+        .args(args)
+        .stdin(Stdio::null());
     let done = Supervised::spawn(&mut cmd, Duration::from_secs(120))
         .expect("mpirun starts (install openmpi-bin)")
         .wait();
