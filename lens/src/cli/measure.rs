@@ -27,7 +27,7 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What every rank runs: the same bytes and rounds for every operation.
 pub(crate) struct Plan {
-    /// How many baselines come before lens ([`super::backend::Backend::baselines`]).
+    /// How many baselines come before lens (the backend's `baselines()`).
     pub(crate) baselines: usize,
     /// Timed rounds per operation.
     pub(crate) iters: usize,
