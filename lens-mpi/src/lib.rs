@@ -106,9 +106,10 @@ impl SlabTransport for Mpi {
         if buf.len() != slab.len() {
             buf = vec![0u8; slab.len()].into_boxed_slice();
         }
-        if let Some(n) = sent {
-            buf[..n].copy_from_slice(&slab[..n]);
-        }
+        // The root's data; elsewhere the whole slab, whose header the round zeroed, so no
+        // earlier round's header is left in MPI's buffer.
+        let n = sent.unwrap_or(slab.len());
+        buf[..n].copy_from_slice(&slab[..n]);
         let buf = ibcast(&self.comm, round.root, buf, round.deadline)?
             .ok_or_else(|| round.timed_out())?;
         slab.copy_from_slice(&buf);
