@@ -29,7 +29,8 @@ apt_install() {
 
 # lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
-apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang
+# The OTLP collector test: rotel-agent from PyPI, in a venv made here.
+apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -38,7 +39,7 @@ step "cargo clippy -D warnings (all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "feature matrix: every feature of lens builds alone"
-for features in "" testkit cli tcp mpi nccl cli,tcp cli,mpi cli,nccl; do
+for features in "" testkit cli tcp mpi nccl otlp tracing testkit,tracing cli,tcp cli,mpi cli,nccl; do
   cargo clippy -q -p lens --no-default-features --features "$features" -- -D warnings
 done
 
@@ -47,6 +48,14 @@ timeout 1500 cargo test --workspace --all-targets --all-features
 
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
+
+step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a venv"
+venv=target/lens-venv
+[ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "rotel==0.0.1a15"
+rotel_agent=$("$venv/bin/python" -c 'import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), "rotel-agent"))')
+[ -x "$rotel_agent" ] || { echo "test.sh: rotel-agent not found at $rotel_agent" >&2; exit 1; }
+LENS_ROTEL_AGENT="$rotel_agent" timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
 
 step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c)"
 fake_gpu=$(mktemp -d)

@@ -109,6 +109,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// Spans did not reach the trace backend (OTLP export): the receiver was down, slow or
+    /// refused them, or the export queue was full.
+    #[error("{lost} span(s) were not exported: {reason}")]
+    Export {
+        /// How many spans were lost.
+        lost: u64,
+        /// Why.
+        reason: String,
+    },
+
     /// A transport failed; the backend's own error is kept as the source.
     #[error("{backend} transport error: {message}")]
     Transport {

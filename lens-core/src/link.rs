@@ -23,7 +23,14 @@ pub mod attributes {
     pub const SOURCE_CONTEXT: &str = "context";
     /// [`LINK_SOURCE`] of a remote given as a bare `SpanContext`.
     pub const SOURCE_SPAN_CONTEXT: &str = "span_context";
+    /// On a span: how many of its remotes were not linked because of the link limit
+    /// (present only when some were dropped).
+    pub const LINKS_DROPPED: &str = "lens.links.dropped";
 }
+
+/// The most links lens gives one span unless told otherwise: the OpenTelemetry SDK's
+/// default limit (`OTEL_SPAN_LINK_COUNT_LIMIT`), beyond which it would drop them silently.
+pub const DEFAULT_LINK_LIMIT: usize = 128;
 
 /// The remote span a linked span points to: made from a [`Context`], a [`Carrier`] (as
 /// [`crate::broadcast_trace_context`] returns), an `Option<Carrier>` or a [`SpanContext`].
@@ -35,6 +42,7 @@ pub struct Remote {
     span_context: Option<SpanContext>,
     source_rank: Option<usize>,
     origin: &'static str,
+    link_attributes: Vec<KeyValue>,
 }
 
 impl Remote {
@@ -48,7 +56,32 @@ impl Remote {
             span_context: sc.is_valid().then_some(sc),
             source_rank: None,
             origin,
+            link_attributes: Vec::new(),
         }
+    }
+
+    /// Attributes of this remote's link only (with fan-in, each link can say which
+    /// request or stage it stands for).
+    pub fn with_link_attributes(mut self, attributes: impl IntoIterator<Item = KeyValue>) -> Self {
+        self.link_attributes.extend(attributes);
+        self
+    }
+
+    /// The link lens gives a span for this remote (`None` when the remote is absent or
+    /// invalid): the source rank and origin attributes, then this remote's own, then `extra`.
+    pub fn link(&self, extra: &[KeyValue]) -> Option<Link> {
+        let sc = self.span_context.as_ref()?;
+        let mut attrs = Vec::with_capacity(2 + self.link_attributes.len() + extra.len());
+        if let Some(rank) = self.source_rank {
+            attrs.push(KeyValue::new(
+                attributes::LINK_SOURCE_RANK,
+                i64::try_from(rank).unwrap_or(i64::MAX),
+            ));
+        }
+        attrs.push(KeyValue::new(attributes::LINK_SOURCE, self.origin));
+        attrs.extend(self.link_attributes.iter().cloned());
+        attrs.extend(extra.iter().cloned());
+        Some(Link::new(sc.clone(), attrs, 0))
     }
 
     /// Records the rank the remote context came from (a link attribute).
@@ -97,6 +130,7 @@ impl From<&Carrier> for Remote {
             span_context: c.span_context(),
             source_rank: c.source_rank(),
             origin,
+            link_attributes: Vec::new(),
         }
     }
 }
@@ -169,9 +203,10 @@ pub fn create_linked_span<T: Tracer>(
         start_linked(
             tracer,
             name,
-            &remote,
+            std::slice::from_ref(&remote),
             attributes,
-            Vec::new(),
+            &[],
+            DEFAULT_LINK_LIMIT,
             SpanKind::Internal,
             Parent::default(),
             None,
@@ -180,57 +215,67 @@ pub fn create_linked_span<T: Tracer>(
     })
 }
 
-/// Starts the span: the link (with its attributes) and the span attributes are handed to
+/// The links of a span linked to `remotes` (absent ones skipped), at most `limit` of them,
+/// and how many valid remotes the limit left out. For integrations such as `lens-tracing`
+/// that build spans their own way; [`LinkedSpan::builder`] uses it.
+pub fn links_for(remotes: &[Remote], extra: &[KeyValue], limit: usize) -> (Vec<Link>, usize) {
+    let valid = remotes.iter().filter(|r| r.span_context.is_some()).count();
+    let links: Vec<Link> = remotes
+        .iter()
+        .filter_map(|r| r.link(extra))
+        .take(limit)
+        .collect();
+    let dropped = valid - links.len();
+    (links, dropped)
+}
+
+/// The context a linked span's parent is taken from, under `parent`, given the first valid
+/// remote and the caller's context `cx` (see [`Parent`]); `None` means `cx` itself.
+pub fn parent_context(
+    parent: Parent,
+    remote: Option<&SpanContext>,
+    cx: &Context,
+) -> Option<Context> {
+    let has_local = cx.span().span_context().is_valid();
+    match (parent, remote) {
+        (Parent::Auto, Some(sc)) if !has_local => Some(cx.with_remote_span_context(sc.clone())),
+        (Parent::Remote, Some(sc)) => Some(cx.with_remote_span_context(sc.clone())),
+        (Parent::Root, _) => Some(Context::new()),
+        _ => None,
+    }
+}
+
+/// Starts the span: the links (with their attributes) and the span attributes are handed to
 /// the SDK at creation, so samplers see them.
 #[allow(clippy::too_many_arguments)]
 fn start_linked<T: Tracer>(
     tracer: &T,
     name: Cow<'static, str>,
-    remote: &Remote,
-    attributes: Vec<KeyValue>,
-    link_attributes: Vec<KeyValue>,
+    remotes: &[Remote],
+    mut attributes: Vec<KeyValue>,
+    link_attributes: &[KeyValue],
+    link_limit: usize,
     kind: SpanKind,
     parent: Parent,
     start_time: Option<SystemTime>,
     cx: &Context,
 ) -> T::Span {
-    let mut links = Vec::with_capacity(1);
-    if let Some(sc) = &remote.span_context {
-        let mut attrs = Vec::with_capacity(2 + link_attributes.len());
-        if let Some(rank) = remote.source_rank {
-            attrs.push(KeyValue::new(
-                attributes::LINK_SOURCE_RANK,
-                i64::try_from(rank).unwrap_or(i64::MAX),
-            ));
-        }
-        attrs.push(KeyValue::new(attributes::LINK_SOURCE, remote.origin));
-        attrs.extend(link_attributes);
-        links.push(Link::new(sc.clone(), attrs, 0));
+    let (links, dropped) = links_for(remotes, link_attributes, link_limit);
+    if dropped > 0 {
+        attributes.push(KeyValue::new(
+            attributes::LINKS_DROPPED,
+            i64::try_from(dropped).unwrap_or(i64::MAX),
+        ));
     }
-    let own_parent;
-    let has_local = cx.span().span_context().is_valid();
-    let parent_cx = match (parent, &remote.span_context) {
-        (Parent::Auto, Some(sc)) if !has_local => {
-            own_parent = cx.with_remote_span_context(sc.clone());
-            &own_parent
-        }
-        (Parent::Remote, Some(sc)) => {
-            own_parent = cx.with_remote_span_context(sc.clone());
-            &own_parent
-        }
-        (Parent::Root, _) => {
-            own_parent = Context::new();
-            &own_parent
-        }
-        _ => cx,
-    };
+    let primary = remotes.iter().find_map(|r| r.span_context.as_ref());
+    let own_parent = parent_context(parent, primary, cx);
     // Fields set in place: the `with_*` chain moves the (large) builder at every step.
     let mut builder = SpanBuilder::from_name(name);
     builder.span_kind = Some(kind);
     builder.attributes = Some(attributes);
     builder.links = (!links.is_empty()).then_some(links);
     builder.start_time = start_time;
-    tracer.build_with_context(builder, parent_cx)
+    tracer.build_with_context(builder, own_parent.as_ref().unwrap_or(cx))
 }
 
 /// Namespace for [`LinkedSpan::builder`].
@@ -258,7 +303,8 @@ impl LinkedSpan {
     pub fn builder(name: impl Into<Cow<'static, str>>) -> LinkedSpanBuilder {
         LinkedSpanBuilder {
             name: name.into(),
-            remote: Remote::none(),
+            remotes: Vec::new(),
+            link_limit: DEFAULT_LINK_LIMIT,
             attributes: Vec::new(),
             link_attributes: Vec::new(),
             kind: SpanKind::Internal,
@@ -273,7 +319,8 @@ impl LinkedSpan {
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct LinkedSpanBuilder {
     name: Cow<'static, str>,
-    remote: Remote,
+    remotes: Vec<Remote>,
+    link_limit: usize,
     attributes: Vec<KeyValue>,
     link_attributes: Vec<KeyValue>,
     kind: SpanKind,
@@ -282,9 +329,48 @@ pub struct LinkedSpanBuilder {
 }
 
 impl LinkedSpanBuilder {
-    /// The remote span to link to.
+    /// The remote span to link to (the first remote: with [`Parent::Remote`] it is the
+    /// parent). Replaces an earlier `remote`; [`LinkedSpanBuilder::remotes`] adds more.
     pub fn remote(mut self, remote: impl Into<Remote>) -> Self {
-        self.remote = remote.into();
+        let remote = remote.into();
+        match self.remotes.first_mut() {
+            Some(first) => *first = remote,
+            None => self.remotes.push(remote),
+        }
+        self
+    }
+
+    /// Fan-in: links to many remote spans at once (a batched inference step serving
+    /// requests from many traces, an all-reduce linking every stage's step), each with its
+    /// own attributes ([`Remote::with_link_attributes`]). Absent remotes are skipped; past
+    /// the link limit the rest are counted in `lens.links.dropped`, not lost silently.
+    ///
+    /// ```
+    /// use lens_core::{LinkedSpan, Parent, Remote};
+    /// use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState, TracerProvider as _};
+    /// use opentelemetry::KeyValue;
+    /// use opentelemetry_sdk::trace::SdkTracerProvider;
+    ///
+    /// let tracer = SdkTracerProvider::builder().build().tracer("doc");
+    /// let request = |i: u64| {
+    ///     let sc = SpanContext::new(TraceId::from(u128::from(i) + 1), SpanId::from(i + 1),
+    ///         TraceFlags::SAMPLED, true, TraceState::default());
+    ///     Remote::from(sc).with_link_attributes([KeyValue::new("request.index", i as i64)])
+    /// };
+    /// let _batch = LinkedSpan::builder("infer.batch")
+    ///     .remotes((0..200).map(request)) // 128 linked, `lens.links.dropped` = 72
+    ///     .parent(Parent::Root)
+    ///     .start(&tracer);
+    /// ```
+    pub fn remotes<R: Into<Remote>>(mut self, remotes: impl IntoIterator<Item = R>) -> Self {
+        self.remotes.extend(remotes.into_iter().map(Into::into));
+        self
+    }
+
+    /// The most links the span gets (default [`DEFAULT_LINK_LIMIT`], the SDK's own default
+    /// limit; set it to the provider's `SpanLimits::max_links_per_span` if you changed that).
+    pub fn link_limit(mut self, limit: usize) -> Self {
+        self.link_limit = limit;
         self
     }
 
@@ -328,9 +414,10 @@ impl LinkedSpanBuilder {
         start_linked(
             tracer,
             self.name,
-            &self.remote,
+            &self.remotes,
             self.attributes,
-            self.link_attributes,
+            &self.link_attributes,
+            self.link_limit,
             self.kind,
             self.parent,
             self.start_time,

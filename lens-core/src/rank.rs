@@ -13,6 +13,8 @@ pub mod resource_keys {
     pub const WORLD_SIZE: &str = "nv.dl.world_size";
     /// Rank on this node.
     pub const LOCAL_RANK: &str = "nv.dl.local_rank";
+    /// The job's id, the same on every rank (from the launcher, or shared by the source rank).
+    pub const JOB_ID: &str = "nv.dl.job_id";
     /// OpenTelemetry's `service.instance.id`.
     pub const SERVICE_INSTANCE_ID: &str = "service.instance.id";
 }
@@ -237,8 +239,14 @@ impl RankInfo {
         }
     }
 
+    /// Sets the job's id (the same on every rank).
+    pub fn with_job_id(mut self, job_id: impl Into<String>) -> Self {
+        self.job_id = Some(job_id.into());
+        self
+    }
+
     /// The rank's resource attributes: `nv.dl.rank`, `nv.dl.world_size`,
-    /// `nv.dl.local_rank` (when known) and `service.instance.id`.
+    /// `nv.dl.local_rank` and `nv.dl.job_id` (when known) and `service.instance.id`.
     pub fn attributes(&self) -> Vec<KeyValue> {
         let int = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         let mut kvs = vec![
@@ -247,6 +255,9 @@ impl RankInfo {
         ];
         if let Some(local) = self.local_rank {
             kvs.push(KeyValue::new(resource_keys::LOCAL_RANK, int(local)));
+        }
+        if let Some(job) = &self.job_id {
+            kvs.push(KeyValue::new(resource_keys::JOB_ID, job.clone()));
         }
         kvs.push(KeyValue::new(
             resource_keys::SERVICE_INSTANCE_ID,

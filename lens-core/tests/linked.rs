@@ -345,3 +345,119 @@ fn parent_auto_is_local_when_there_is_one_else_the_remote() {
     let spans = finished(&exporter);
     assert_eq!(spans[0].parent_span_id, remote_sc().span_id());
 }
+
+fn remote_number(i: u64) -> Remote {
+    let sc = SpanContext::new(
+        TraceId::from(u128::from(i) + 1),
+        SpanId::from(i + 1),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    Remote::from(sc).with_link_attributes([KeyValue::new("request.index", i as i64)])
+}
+
+#[test]
+fn fan_in_links_every_remote_with_its_own_attributes_up_to_the_limit() {
+    use lens_core::link::DEFAULT_LINK_LIMIT;
+    use lens_core::link::attributes::LINKS_DROPPED;
+    // (remotes given, absent ones among them, limit, links expected, dropped attribute)
+    let rows: &[(u64, usize, Option<usize>, usize, Option<i64>, &str)] = &[
+        (
+            3,
+            0,
+            None,
+            3,
+            None,
+            "a few requests: all linked, nothing dropped",
+        ),
+        (128, 0, None, 128, None, "exactly the SDK's default limit"),
+        (
+            200,
+            0,
+            None,
+            DEFAULT_LINK_LIMIT,
+            Some(72),
+            "past the limit: the rest counted",
+        ),
+        (
+            10,
+            4,
+            Some(5),
+            5,
+            Some(5),
+            "a lower limit; absent remotes are not counted as dropped",
+        ),
+        (
+            0,
+            3,
+            None,
+            0,
+            None,
+            "only absent remotes: no link, no attribute",
+        ),
+    ];
+    for (given, absent, limit, want_links, want_dropped, why) in rows {
+        let (provider, exporter, sampler) = setup();
+        let tracer = provider.tracer("fan-in");
+        let mut remotes: Vec<Remote> = (0..*given).map(remote_number).collect();
+        remotes.extend((0..*absent).map(|_| Remote::none()));
+        let mut b = LinkedSpan::builder("infer.batch")
+            .remotes(remotes)
+            .parent(Parent::Root);
+        if let Some(l) = limit {
+            b = b.link_limit(*l);
+        }
+        b.start(&tracer).end();
+        let span = &exporter.get_finished_spans().expect("spans")[0];
+        assert_eq!(span.links.len(), *want_links, "{why}: links kept");
+        assert_eq!(
+            span.links.dropped_count, 0,
+            "{why}: the SDK dropped none itself"
+        );
+        let seen = sampler.0.lock().expect("lock")[0].clone();
+        assert_eq!(
+            seen.links.len(),
+            *want_links,
+            "{why}: the sampler saw every link"
+        );
+        for (i, link) in span.links.iter().enumerate() {
+            let index = link
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "request.index")
+                .map(|kv| kv.value.clone());
+            assert_eq!(
+                index,
+                Some(Value::I64(i as i64)),
+                "{why}: link {i}'s own attribute"
+            );
+        }
+        let dropped = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == LINKS_DROPPED)
+            .map(|kv| kv.value.clone());
+        assert_eq!(
+            dropped,
+            want_dropped.map(Value::I64),
+            "{why}: {LINKS_DROPPED}"
+        );
+    }
+}
+
+#[test]
+fn fan_in_with_a_remote_parent_takes_the_first_valid_remote() {
+    let (provider, exporter, _) = setup();
+    let tracer = provider.tracer("fan-in");
+    LinkedSpan::builder("allreduce")
+        .remote(Remote::none())
+        .remotes([remote_number(7), remote_number(8)])
+        .parent(Parent::Remote)
+        .start_with_context(&tracer, &Context::new())
+        .end();
+    let span = &exporter.get_finished_spans().expect("spans")[0];
+    assert_eq!(span.span_context.trace_id(), TraceId::from(8u128));
+    assert_eq!(span.parent_span_id, SpanId::from(8u64));
+    assert_eq!(span.links.len(), 2);
+}

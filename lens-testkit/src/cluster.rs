@@ -13,6 +13,7 @@ use opentelemetry::trace::{TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvider, SpanData};
 
 use crate::fault::{Fault, Faulty};
+use crate::globals::RankScoped;
 use crate::local::{DEFAULT_TIMEOUT, LocalCluster};
 
 /// What one rank of a [`Cluster`] run is given.
@@ -45,9 +46,54 @@ pub struct ClusterBuilder {
     timeout: Duration,
     faults: HashMap<usize, Vec<Fault>>,
     absent: BTreeSet<usize>,
+    route_globals: bool,
+    #[cfg(feature = "tracing")]
+    tracing_subscribers: bool,
+    providers: Option<ProviderFactory>,
+}
+
+/// Builds a rank's tracer provider; see [`ClusterBuilder::tracer_provider`].
+type MakeProvider = dyn Fn(&RankInfo, InMemorySpanExporter) -> SdkTracerProvider + Send + Sync;
+
+#[derive(Clone)]
+struct ProviderFactory(Arc<MakeProvider>);
+
+impl std::fmt::Debug for ProviderFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProviderFactory")
+    }
 }
 
 impl ClusterBuilder {
+    /// Builds each rank's tracer provider with `make(info, exporter)` instead of the default
+    /// one: for providers that also export elsewhere (OTLP). The provider must send every
+    /// span to `exporter` (with a simple processor), which the [`Report`] reads, and should
+    /// carry `info`'s resource.
+    pub fn tracer_provider(
+        mut self,
+        make: impl Fn(&RankInfo, InMemorySpanExporter) -> SdkTracerProvider + Send + Sync + 'static,
+    ) -> Self {
+        self.providers = Some(ProviderFactory(Arc::new(make)));
+        self
+    }
+
+    /// Code that calls `opentelemetry::global::tracer(..)` records its spans on the rank
+    /// that runs it: the global provider becomes a router ([`crate::globals`]) and each
+    /// rank's task runs in its rank's scope.
+    pub fn route_globals(mut self) -> Self {
+        self.route_globals = true;
+        self
+    }
+
+    /// Each rank's task gets its own `tracing` subscriber (a registry with a
+    /// `tracing-opentelemetry` layer over the rank's tracer), so `info_span!` and friends
+    /// record on the rank that runs them.
+    #[cfg(feature = "tracing")]
+    pub fn tracing_subscribers(mut self) -> Self {
+        self.tracing_subscribers = true;
+        self
+    }
+
     /// Deadline of each collective.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -105,6 +151,10 @@ impl Cluster {
             timeout: DEFAULT_TIMEOUT,
             faults: HashMap::new(),
             absent: BTreeSet::new(),
+            route_globals: false,
+            #[cfg(feature = "tracing")]
+            tracing_subscribers: false,
+            providers: None,
         }
     }
 
@@ -125,24 +175,41 @@ impl Cluster {
         let broadcasters = LocalCluster::new(n)
             .timeout(self.cfg.timeout)
             .broadcasters();
+        if self.cfg.route_globals {
+            crate::globals::install();
+        }
         let mut running = Vec::with_capacity(n);
         for (rank, b) in broadcasters.into_iter().enumerate() {
             let exporter = InMemorySpanExporter::default();
-            let provider = SdkTracerProvider::builder()
-                .with_simple_exporter(exporter.clone())
-                .with_resource(RankInfo::new(rank, n)?.with_local_rank(rank).resource())
-                .build();
+            let info = RankInfo::new(rank, n)?.with_local_rank(rank);
+            let provider = match &self.cfg.providers {
+                Some(make) => (make.0)(&info, exporter.clone()),
+                None => SdkTracerProvider::builder()
+                    .with_simple_exporter(exporter.clone())
+                    .with_resource(info.resource())
+                    .build(),
+            };
             let broadcaster: Arc<dyn Broadcaster> = match self.cfg.faults.get(&rank) {
                 Some(faults) => Arc::new(Faulty::new(b, faults.clone())),
                 None => Arc::new(b),
             };
+            let tracer = provider.tracer("lens-testkit");
             let task = (!self.cfg.absent.contains(&rank)).then(|| {
-                tokio::spawn(f(RankCtx {
+                let code = f(RankCtx {
                     rank,
                     world_size: n,
                     broadcaster,
-                    tracer: provider.tracer("lens-testkit"),
-                }))
+                    tracer: tracer.clone(),
+                });
+                if self.scoped() {
+                    tokio::spawn(RankScoped::new(
+                        code,
+                        provider.clone(),
+                        self.dispatch(&tracer),
+                    ))
+                } else {
+                    tokio::spawn(code)
+                }
             });
             running.push((task, provider, exporter));
         }
@@ -173,6 +240,30 @@ impl Cluster {
             });
         }
         Ok(Report { ranks })
+    }
+
+    fn scoped(&self) -> bool {
+        #[cfg(feature = "tracing")]
+        if self.cfg.tracing_subscribers {
+            return true;
+        }
+        self.cfg.route_globals
+    }
+
+    #[cfg(feature = "tracing")]
+    fn dispatch(&self, tracer: &SdkTracer) -> Option<tracing::Dispatch> {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        self.cfg.tracing_subscribers.then(|| {
+            tracing::Dispatch::new(
+                tracing_subscriber::registry()
+                    .with(tracing_opentelemetry::layer().with_tracer(tracer.clone())),
+            )
+        })
+    }
+
+    #[cfg(not(feature = "tracing"))]
+    fn dispatch(&self, _tracer: &SdkTracer) -> Option<tracing::Dispatch> {
+        None
     }
 
     /// [`Cluster::run`] on a new multi-threaded tokio runtime (two worker threads).

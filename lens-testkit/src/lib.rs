@@ -9,6 +9,8 @@
 //! - [`conformance`]: the suite every backend runs; [`on_each_rank`] runs a closure on every
 //!   rank at once, one thread each.
 //! - [`fake_gpu`]: a fake CUDA driver and NCCL, for the NCCL backend's tests without a GPU.
+//! - [`globals`]: code written against the global tracer or `tracing` macros, run per rank.
+//! - `otlp` (feature `otlp`): a real OTLP receiver (gRPC and HTTP/protobuf) on 127.0.0.1.
 #![warn(missing_docs)]
 #![cfg_attr(
     not(test),
@@ -19,7 +21,10 @@ mod cluster;
 pub mod conformance;
 pub mod fake_gpu;
 mod fault;
+pub mod globals;
 mod local;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod process;
 
 pub use cluster::{CheckError, Cluster, ClusterBuilder, RankCtx, RankReport, Report};

@@ -12,6 +12,8 @@
 //! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
 //! | `mpi` | `lens::mpi`: one `MPI_Ibcast` per carrier over any communicator, with a deadline |
 //! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
+//! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver, with the rank resource and a flushing guard |
+//! | `tracing` | `lens::tracing`: for `tracing` users, broadcast a span's context and open linked `tracing` spans |
 //! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
 //! This crate re-exports everything of `lens-core`.
@@ -63,6 +65,14 @@ pub use lens_core::*;
 /// The test kit: in-process cluster, span capture, faults, conformance suite.
 #[cfg(feature = "testkit")]
 pub use lens_testkit as testkit;
+
+/// OTLP export: a rank-aware tracer provider and its flushing guard (`OtlpBuilder`).
+#[cfg(feature = "otlp")]
+pub use lens_otlp as otlp;
+
+/// For `tracing` users: `broadcast_current` and `linked`.
+#[cfg(feature = "tracing")]
+pub use lens_tracing as tracing;
 
 /// The ZeroMQ-over-TCP backend (`TcpBroadcaster`).
 #[cfg(feature = "tcp")]

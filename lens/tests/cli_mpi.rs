@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use lens::testkit::process::{self, Supervised};
 
+mod common;
+
 fn mpirun(n: usize, args: &[&str]) -> (bool, String) {
     let mut cmd = process::mpirun(n).expect("mpirun on the PATH (install openmpi-bin)");
     cmd.arg(env!("CARGO_BIN_EXE_lens"))
@@ -32,6 +34,31 @@ fn mpi_demo_under_mpirun() {
         out.contains("ok: 3 rank(s), 2 step(s), 4 cross-rank link(s) verified"),
         "{out}"
     );
+}
+
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_demo_exports_every_rank_over_otlp() {
+    use lens::testkit::otlp::{Receiver, Via};
+    let receiver = Receiver::start().expect("receiver");
+    let endpoint = receiver.grpc_endpoint();
+    let args = [
+        "demo",
+        "--backend",
+        "mpi",
+        "--steps",
+        "2",
+        "--quiet",
+        "--otlp",
+        &endpoint,
+    ];
+    let (ok, out) = mpirun(3, &[&args[..], &["--otlp-protocol", "grpc"]].concat());
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("otlp: sent 6 span(s) from 3 of 3 rank(s)"),
+        "{out}"
+    );
+    common::otlp::check_demo_spans(&receiver, 3, 2, Via::Grpc);
 }
 
 #[test]

@@ -102,6 +102,15 @@ pub(crate) struct DemoArgs {
     /// GPU of this rank with --backend nccl and --rank (default: LOCAL_RANK, else 0).
     #[arg(long)]
     pub(crate) device: Option<u32>,
+    /// Also export every rank's spans over OTLP: to ENDPOINT, a receiver's base URL such as
+    /// http://localhost:4318 (HTTP) or http://localhost:4317 (gRPC), or, with no ENDPOINT,
+    /// where OTEL_EXPORTER_OTLP_ENDPOINT says. Each rank's resource names its rank.
+    #[arg(long, value_name = "ENDPOINT", num_args = 0..=1, default_missing_value = "")]
+    pub(crate) otlp: Option<String>,
+    /// The OTLP protocol with --otlp: grpc or http/protobuf (default
+    /// OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
+    #[arg(long, value_name = "PROTOCOL", requires = "otlp")]
+    pub(crate) otlp_protocol: Option<String>,
     /// Print this rank's spans as JSON lines (used when `lens demo` starts the ranks).
     #[arg(long, hide = true)]
     pub(crate) emit_spans: bool,

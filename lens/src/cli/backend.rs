@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::args::{BenchArgs, DemoArgs};
 use super::measure::{Measured, Plan};
-use super::record::{Job, SpanRecord};
+use super::rank::RankRun;
+use super::record::Job;
 
 /// A transport as the `lens` program drives it.
 pub(crate) trait Backend {
@@ -35,11 +36,7 @@ pub(crate) enum DemoRun {
     /// Every rank's spans and failures.
     Job(Job),
     /// The one rank this process ran, of a job whose other ranks run elsewhere.
-    Rank {
-        rank: usize,
-        outcome: lens::Result<()>,
-        spans: Vec<SpanRecord>,
-    },
+    Rank { rank: usize, run: RankRun },
     /// This rank's part is done and another rank reports the job (MPI ranks other than 0).
     Reported,
 }

@@ -5,6 +5,7 @@ use lens::Parent;
 
 use super::args::{DemoArgs, secs_arg};
 use super::backend::{Backend, DemoRun};
+use super::export::{self, OTLP_LINE};
 use super::rank::{STAGE_SPAN, STEP_SPAN, parent_of};
 use super::record::{Job, SPAN_LINE, SpanRecord};
 use super::view;
@@ -14,23 +15,25 @@ pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> 
     let steps = args.steps as usize;
     match backend.demo(args, timeout)? {
         DemoRun::Job(job) => finish(&job, args, backend.name(), steps),
-        DemoRun::Rank {
-            rank,
-            outcome,
-            spans,
-        } => {
+        DemoRun::Rank { rank, run } => {
             if args.emit_spans {
                 // For the launcher that started this rank (`launcher.rs`).
-                for s in &spans {
+                for s in &run.spans {
                     println!("{SPAN_LINE}{}", s.to_json());
                 }
+                if let Some(e) = &run.export {
+                    println!("{OTLP_LINE}{}", e.to_json());
+                }
             }
-            outcome.map_err(|e| format!("rank {rank}: {e}"))?;
+            run.outcome.map_err(|e| format!("rank {rank}: {e}"))?;
             if !args.emit_spans {
                 println!(
                     "{}",
-                    verify_rank(rank, &spans, steps, parent_of(args.parent))?
+                    verify_rank(rank, &run.spans, steps, parent_of(args.parent))?
                 );
+                if let Some(e) = &run.export {
+                    println!("{}", export::rank_summary(e)?);
+                }
             }
             Ok(())
         }
@@ -53,6 +56,9 @@ fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result<(),
     }
     let summary = verify(job, steps, parent_of(args.parent))?;
     println!("{summary}");
+    if args.otlp.is_some() {
+        println!("{}", export::summary(&job.exports, job.ranks.len())?);
+    }
     Ok(())
 }
 

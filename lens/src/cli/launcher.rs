@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::export::{ExportRecord, OTLP_LINE};
 use super::record::{Job, SPAN_LINE, SpanRecord};
 
 /// Kills every child still running when dropped, so that no rank outlives a failed launch.
@@ -48,13 +49,17 @@ pub(crate) fn run_ranks(
             .spawn()
             .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
         let spans = drain(child.stdout.take(), |r| {
-            r.lines()
-                .map_while(Result::ok)
-                .filter_map(|l| {
-                    let json = serde_json::from_str(l.strip_prefix(SPAN_LINE)?).ok()?;
-                    SpanRecord::from_json(&json)
-                })
-                .collect::<Vec<_>>()
+            let (mut spans, mut export) = (Vec::new(), None);
+            for l in r.lines().map_while(Result::ok) {
+                if let Some(json) = l.strip_prefix(SPAN_LINE) {
+                    let json = serde_json::from_str(json).ok();
+                    spans.extend(json.as_ref().and_then(SpanRecord::from_json));
+                } else if let Some(json) = l.strip_prefix(OTLP_LINE) {
+                    let json = serde_json::from_str(json).ok();
+                    export = json.as_ref().and_then(ExportRecord::from_json);
+                }
+            }
+            (spans, export)
         });
         let stderr = drain(child.stderr.take(), |mut r| {
             let mut text = String::new();
@@ -85,8 +90,9 @@ pub(crate) fn run_ranks(
     let mut job = Job::default();
     for (rank, (spans, stderr)) in readers.into_iter().enumerate() {
         let lost = || format!("reading rank {rank}'s output failed");
-        job.ranks
-            .push(spans.join().map_err(|_| lost())?.unwrap_or_default());
+        let (spans, export) = spans.join().map_err(|_| lost())?.unwrap_or_default();
+        job.ranks.push(spans);
+        job.exports.extend(export);
         let stderr = stderr.join().map_err(|_| lost())?.unwrap_or_default();
         if status[rank].is_some_and(|s| !s.success()) {
             let reason = stderr

@@ -12,6 +12,7 @@ mod backend;
 mod backends;
 mod bench;
 mod demo;
+mod export;
 #[cfg(feature = "tcp")]
 mod launcher;
 mod measure;

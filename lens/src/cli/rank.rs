@@ -9,6 +9,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvider};
 
 use super::args::ParentArg;
+use super::export::{ExportRecord, OtlpChoice, job_info};
 use super::record::SpanRecord;
 
 /// The span rank 0 opens for each step.
@@ -70,25 +71,47 @@ pub(crate) async fn rank_main(
     Ok(())
 }
 
+/// What one rank of a multi-process job gives back: its outcome, its finished spans and,
+/// with `--otlp`, what became of its exported spans.
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+pub(crate) struct RankRun {
+    pub(crate) outcome: lens::Result<()>,
+    pub(crate) spans: Vec<SpanRecord>,
+    pub(crate) export: Option<ExportRecord>,
+}
+
 /// This process's rank of a multi-process job: runs [`rank_main`] over `b` with its own
-/// tracer provider and returns its outcome and its finished spans.
+/// tracer provider (exporting over OTLP with `otlp`).
 #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
 pub(crate) fn run_one_rank(
     b: &dyn Broadcaster,
     steps: usize,
     parent: ParentArg,
-) -> Result<(lens::Result<()>, Vec<SpanRecord>), String> {
+    otlp: Option<&OtlpChoice>,
+) -> Result<RankRun, String> {
     let exporter = InMemorySpanExporter::default();
-    let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_resource(info.resource())
-        .build();
-    let tracer = provider.tracer("lens-demo");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let (provider, guard) = match otlp {
+        Some(choice) => {
+            let info = rt.block_on(job_info(b)).map_err(|e| e.to_string())?;
+            let guard = choice
+                .guard(info, exporter.clone())
+                .map_err(|e| format!("--otlp: {e}"))?;
+            (guard.provider().clone(), Some(guard))
+        }
+        None => {
+            let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
+            let provider = SdkTracerProvider::builder()
+                .with_simple_exporter(exporter.clone())
+                .with_resource(info.resource())
+                .build();
+            (provider, None)
+        }
+    };
+    let tracer = provider.tracer("lens-demo");
     let outcome = rt.block_on(rank_main(
         b,
         &tracer,
@@ -103,5 +126,9 @@ pub(crate) fn run_one_rank(
         .iter()
         .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY))
         .collect();
-    Ok((outcome, spans))
+    Ok(RankRun {
+        outcome,
+        spans,
+        export: guard.map(ExportRecord::finish),
+    })
 }

@@ -125,6 +125,8 @@ pub(crate) struct Job {
     pub(crate) failures: Vec<(usize, String, bool)>,
     /// Ranks that never ran.
     pub(crate) absent: Vec<usize>,
+    /// With `--otlp`: what became of each rank's exported spans.
+    pub(crate) exports: Vec<super::export::ExportRecord>,
 }
 
 impl Job {

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use lens::testkit::process::Supervised;
 
+#[cfg(feature = "otlp")]
+pub(crate) mod otlp;
+
 pub(crate) struct Run {
     pub(crate) ok: bool,
     pub(crate) stdout: String,

@@ -5,11 +5,21 @@ use std::time::Duration;
 use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, LocalBroadcaster, LocalCluster};
 use lens::{Broadcaster, blocking};
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lens::otlp::OtlpGuard;
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SdkTracerProvider};
+
 use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::export::{ExportRecord, OtlpChoice};
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::{STEP_KEY, parent_of, rank_main, slot_for};
 use super::super::record::{Job, SpanRecord};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Most ranks the bench runs, one thread each.
 const MAX_BENCH_RANKS: usize = 256;
@@ -35,13 +45,48 @@ impl Backend for Local {
         }
         let parent = parent_of(args.parent);
         let slot = slot_for(n);
+        // With --otlp each rank's provider also exports; the guards are shut down (flushing
+        // their spans) after the run.
+        let unbuilt: Arc<Mutex<Vec<ExportRecord>>> = Arc::default();
+        let open: Arc<Mutex<Vec<OtlpGuard>>> = Arc::default();
+        if let Some(choice) = OtlpChoice::from_args(args)? {
+            let job_id = format!("{:032x}", RandomIdGenerator::default().new_trace_id());
+            let (failed, open) = (Arc::clone(&unbuilt), Arc::clone(&open));
+            builder = builder.tracer_provider(move |info, local| {
+                let info = info.clone().with_job_id(job_id.clone());
+                let rank = info.rank;
+                match choice.guard(info.clone(), local.clone()) {
+                    Ok(g) => {
+                        let provider = g.provider().clone();
+                        lock(&open).push(g);
+                        provider
+                    }
+                    Err(e) => {
+                        lock(&failed).push(ExportRecord::failed(rank, format!("--otlp: {e}")));
+                        SdkTracerProvider::builder()
+                            .with_simple_exporter(local)
+                            .with_resource(info.resource())
+                            .build()
+                    }
+                }
+            });
+        }
         let report = builder
             .build()
             .run_blocking(move |rank| async move {
                 rank_main(&*rank.broadcaster, &rank.tracer, steps, parent, slot).await
             })
             .map_err(|e| format!("could not run the ranks: {e}"))?;
-        let mut job = Job::default();
+        let mut job = Job {
+            exports: std::mem::take(&mut *lock(&unbuilt)),
+            ..Job::default()
+        };
+        job.exports.extend(
+            std::mem::take(&mut *lock(&open))
+                .into_iter()
+                .map(ExportRecord::finish),
+        );
+        job.exports.sort_by_key(|e| e.rank);
         for r in &report.ranks {
             job.ranks.push(
                 r.spans

@@ -10,6 +10,7 @@ use mpi::traits::*;
 
 use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::export::{ExportRecord, OtlpChoice};
 use super::super::measure::{BenchRank, Measured, Plan, run_rank};
 use super::super::rank::run_one_rank;
 use super::super::record::{Job, SpanRecord};
@@ -42,25 +43,38 @@ impl Backend for Mpi {
             .timeout(timeout)
             .build()
             .map_err(|e| e.to_string())?;
-        let (outcome, mine) = run_one_rank(&group, args.steps as usize, args.parent)?;
-        if let Err(e) = outcome {
+        let otlp = OtlpChoice::from_args(args)?;
+        let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
+        if let Err(e) = run.outcome {
             die(rank, &e.to_string());
         }
-        // Rank 0 collects every rank's spans to check and draw the whole job.
-        let bytes = serde_json::to_vec(&mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>())
-            .map_err(|e| e.to_string())?;
+        let mine = run.spans;
+        // Rank 0 collects every rank's spans (and export report) to check and draw the job.
+        let bytes = serde_json::to_vec(&serde_json::json!({
+            "spans": mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>(),
+            "otlp": run.export.as_ref().map(ExportRecord::to_json),
+        }))
+        .map_err(|e| e.to_string())?;
         if rank != 0 {
             world.process_at_rank(0).send(&bytes[..]);
             return Ok(DemoRun::Reported);
         }
         let mut job = Job::default();
         job.ranks.push(mine);
+        job.exports.extend(run.export);
         for r in 1..size {
             let (theirs, _) = world.process_at_rank(r).receive_vec::<u8>();
-            let list: Vec<serde_json::Value> =
+            let report: serde_json::Value =
                 serde_json::from_slice(&theirs).map_err(|e| format!("rank {r}'s spans: {e}"))?;
+            let list = report
+                .get("spans")
+                .and_then(|s| s.as_array())
+                .cloned()
+                .unwrap_or_default();
             job.ranks
                 .push(list.iter().filter_map(SpanRecord::from_json).collect());
+            job.exports
+                .extend(report.get("otlp").and_then(ExportRecord::from_json));
         }
         Ok(DemoRun::Job(job))
     }

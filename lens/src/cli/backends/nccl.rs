@@ -52,12 +52,9 @@ impl Backend for Nccl {
         let gpu =
             futures::executor::block_on(NcclBroadcaster::bootstrap_with(&group, device, &opts))
                 .map_err(|e| format!("rank {rank} (GPU {device}): {e}"))?;
-        let (outcome, spans) = run_one_rank(&gpu, args.steps as usize, args.parent)?;
-        Ok(DemoRun::Rank {
-            rank,
-            outcome,
-            spans,
-        })
+        let otlp = super::super::export::OtlpChoice::from_args(args)?;
+        let run = run_one_rank(&gpu, args.steps as usize, args.parent, otlp.as_ref())?;
+        Ok(DemoRun::Rank { rank, run })
     }
 
     #[cfg(not(feature = "tcp"))]

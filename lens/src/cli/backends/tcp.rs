@@ -10,6 +10,7 @@ use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
 
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
 use super::super::backend::{Backend, BenchReport, DemoRun};
+use super::super::export::OtlpChoice;
 use super::super::launcher;
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
@@ -38,12 +39,9 @@ impl Backend for Tcp {
             Some(rank) => {
                 let rank = rank as usize;
                 let group = join(args, rank, timeout)?;
-                let (outcome, spans) = run_one_rank(&group, args.steps as usize, args.parent)?;
-                Ok(DemoRun::Rank {
-                    rank,
-                    outcome,
-                    spans,
-                })
+                let otlp = OtlpChoice::from_args(args)?;
+                let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
+                Ok(DemoRun::Rank { rank, run })
             }
             None => spawn_job(self.name(), args, timeout).map(DemoRun::Job),
         }
@@ -118,6 +116,14 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
             .args(["--timeout", &args.timeout.to_string()])
             .env(lens::tcp::env::KEY_FILE, &key.0)
             .env_remove(lens::tcp::env::KEY);
+        c
+    };
+    let otlp = OtlpChoice::from_args(args)?;
+    let command = |rank: usize| {
+        let mut c = command(rank);
+        if let Some(o) = &otlp {
+            o.forward(&mut c);
+        }
         c
     };
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);

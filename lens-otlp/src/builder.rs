@@ -1,0 +1,265 @@
+//! Configuring a rank's OTLP export: code first, then the standard variables.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lens_core::{Error, RankInfo, Result, parse_timeout_secs};
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{
+    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider,
+    SpanExporter as SdkSpanExporter, TracerProviderBuilder,
+};
+
+use crate::counted::{CountingExporter, CountingProcessor, Counts};
+use crate::endpoint::{Endpoint, Protocol, endpoint_from_vars, protocol_from, url_for};
+use crate::env;
+use crate::guard::OtlpGuard;
+use crate::select::ExportRanks;
+
+/// Extra exporters for every span ([`OtlpBuilder::also_export_to`]).
+struct AlsoExport(Vec<Box<dyn FnOnce(TracerProviderBuilder) -> TracerProviderBuilder + Send>>);
+
+impl std::fmt::Debug for AlsoExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} extra exporter(s)", self.0.len())
+    }
+}
+
+/// Default bound on one export and on the guard's shutdown.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds a rank's [`OtlpGuard`]: its tracer provider with the rank resource, an OTLP
+/// exporter behind a batch processor when this rank exports, and the counts of what was lost.
+///
+/// Settings made in code win over the environment read by [`OtlpBuilder::from_env`].
+#[derive(Debug)]
+#[must_use]
+pub struct OtlpBuilder {
+    info: RankInfo,
+    protocol: Option<Protocol>,
+    endpoint: Option<Endpoint>,
+    export_ranks: ExportRanks,
+    timeout: Duration,
+    shutdown_timeout: Option<Duration>,
+    service_name: Option<String>,
+    batch: Option<BatchConfig>,
+    resource: Vec<KeyValue>,
+    also: AlsoExport,
+    /// A variable that did not parse; reported by `build` unless code set the field.
+    env_errors: Vec<(&'static str, Error)>,
+    lookup_protocol: Option<Result<Protocol, String>>,
+}
+
+impl OtlpBuilder {
+    /// A builder for `info`'s rank that reads no OTLP variable: protocol `http/protobuf`
+    /// to `http://localhost:4318`, every rank exports. (The SDK still reads
+    /// `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`, as every OTel SDK does.)
+    pub fn new(info: RankInfo) -> Self {
+        OtlpBuilder {
+            info,
+            protocol: None,
+            endpoint: None,
+            export_ranks: ExportRanks::All,
+            timeout: DEFAULT_TIMEOUT,
+            shutdown_timeout: None,
+            service_name: None,
+            batch: None,
+            resource: Vec::new(),
+            also: AlsoExport(Vec::new()),
+            env_errors: Vec::new(),
+            lookup_protocol: Some(Ok(Protocol::default())),
+        }
+    }
+
+    /// A builder that reads the standard variables of [`crate::env`]: the protocol and
+    /// endpoint (`OTEL_EXPORTER_OTLP_*`), `OTEL_SERVICE_NAME`, which ranks export
+    /// (`LENS_OTLP_EXPORT_RANKS`) and the timeout (`LENS_OTLP_TIMEOUT`). The batch processor
+    /// reads `OTEL_BSP_*`. A value that does not parse is reported by
+    /// [`OtlpBuilder::build`], unless code sets that field.
+    pub fn from_env(info: RankInfo) -> Self {
+        Self::from_vars(info, |k| std::env::var(k).ok())
+    }
+
+    /// [`OtlpBuilder::from_env`] with a custom lookup.
+    pub fn from_vars(info: RankInfo, lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let mut b = Self::new(info);
+        b.lookup_protocol = Some(protocol_from(None, &lookup).map_err(|e| e.to_string()));
+        b.endpoint = endpoint_from_vars(&lookup);
+        b.service_name = lookup(env::OTEL_SERVICE_NAME).filter(|s| !s.trim().is_empty());
+        if let Some(text) = lookup(env::LENS_OTLP_EXPORT_RANKS) {
+            match ExportRanks::parse(&text) {
+                Ok(r) => b.export_ranks = r,
+                Err(e) => b.env_errors.push((env::LENS_OTLP_EXPORT_RANKS, e)),
+            }
+        }
+        if let Some(text) = lookup(env::LENS_OTLP_TIMEOUT) {
+            match parse_timeout_secs(env::LENS_OTLP_TIMEOUT, &text) {
+                Ok(t) => b.timeout = t,
+                Err(e) => b.env_errors.push((env::LENS_OTLP_TIMEOUT, e)),
+            }
+        }
+        b
+    }
+
+    /// The protocol (`grpc` or `http/protobuf`); variable
+    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = Some(protocol);
+        self
+    }
+
+    /// The receiver's base URL, such as `http://collector:4317` (gRPC) or
+    /// `http://collector:4318` (HTTP, which adds `/v1/traces`); variable
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, a full URL).
+    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(Endpoint::Base(url.into()));
+        self
+    }
+
+    /// Which ranks export; variable `LENS_OTLP_EXPORT_RANKS`.
+    pub fn export_ranks(mut self, ranks: ExportRanks) -> Self {
+        self.env_errors
+            .retain(|(v, _)| *v != env::LENS_OTLP_EXPORT_RANKS);
+        self.export_ranks = ranks;
+        self
+    }
+
+    /// The bound on one export attempt and, unless [`OtlpBuilder::shutdown_timeout`] is
+    /// set, on the guard's shutdown; variable `LENS_OTLP_TIMEOUT` (seconds, default 10).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.env_errors
+            .retain(|(v, _)| *v != env::LENS_OTLP_TIMEOUT);
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound on the guard's shutdown (flushing what is queued).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = Some(timeout);
+        self
+    }
+
+    /// `service.name`; variable `OTEL_SERVICE_NAME`.
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = Some(name.into());
+        self
+    }
+
+    /// The batch processor's settings (queue size, delay, batch size); by default the
+    /// SDK's, which read `OTEL_BSP_*`.
+    pub fn batch_config(mut self, config: BatchConfig) -> Self {
+        self.batch = Some(config);
+        self
+    }
+
+    /// More resource attributes, besides the rank's.
+    pub fn resource_attributes(mut self, attrs: impl IntoIterator<Item = KeyValue>) -> Self {
+        self.resource.extend(attrs);
+        self
+    }
+
+    /// Also hands every span of this rank, exporting or not, to `exporter` as it ends (a
+    /// simple processor): for a local view of the spans beside the OTLP export, as
+    /// `lens demo --otlp` keeps its waterfall.
+    pub fn also_export_to<E: SdkSpanExporter + 'static>(mut self, exporter: E) -> Self {
+        self.also.0.push(Box::new(move |b: TracerProviderBuilder| {
+            b.with_simple_exporter(exporter)
+        }));
+        self
+    }
+
+    /// The provider and its guard. Nothing is sent until a span ends; a receiver that is
+    /// down shows up as lost spans in the guard's report, not as an error here.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a variable that did not parse, an export selection this rank
+    /// cannot decide, or a bad endpoint; [`Error::Transport`] when the exporter cannot be
+    /// built.
+    pub fn build(self) -> Result<OtlpGuard> {
+        if let Some((var, e)) = self.env_errors.into_iter().next() {
+            return Err(Error::config(format!("{var}: {e}")));
+        }
+        let protocol = match (self.protocol, self.lookup_protocol) {
+            (Some(p), _) => p,
+            (None, Some(Ok(p))) => p,
+            (None, Some(Err(e))) => return Err(Error::config(e)),
+            (None, None) => Protocol::default(),
+        };
+        let timeout = lens_core::check_timeout("OTLP export timeout", self.timeout)?;
+        let shutdown_timeout = self.shutdown_timeout.unwrap_or(timeout);
+        let exporting = self.export_ranks.selects(&self.info)?;
+
+        let mut resource = Resource::builder()
+            .with_attributes(self.info.attributes())
+            .with_attributes(self.resource);
+        if let Some(name) = self.service_name {
+            resource = resource.with_service_name(name);
+        }
+        let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
+        for add in self.also.0 {
+            provider = add(provider);
+        }
+        let counts = Arc::new(Counts::default());
+        let mut runtime = None;
+        let mut target = None;
+        if exporting {
+            let url = url_for(self.endpoint.as_ref(), protocol)?;
+            let exporter = match protocol {
+                Protocol::Grpc => {
+                    // tonic's channel runs on tokio: the guard owns a one-thread runtime for it,
+                    // so the application needs none.
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .thread_name("lens-otlp-grpc")
+                        .enable_all()
+                        .build()
+                        .map_err(|e| {
+                            Error::transport("otlp", "cannot start the gRPC runtime", e)
+                        })?;
+                    let built = {
+                        let _enter = rt.enter();
+                        SpanExporter::builder()
+                            .with_tonic()
+                            .with_endpoint(url.clone())
+                            .with_timeout(timeout)
+                            .build()
+                    };
+                    runtime = Some(rt);
+                    built
+                }
+                Protocol::HttpProtobuf => SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(url.clone())
+                    .with_timeout(timeout)
+                    .build(),
+            }
+            .map_err(|e| {
+                Error::transport("otlp", format!("cannot build the exporter for {url}"), e)
+            })?;
+            let exporter = CountingExporter {
+                inner: exporter,
+                counts: Arc::clone(&counts),
+            };
+            let config = self
+                .batch
+                .unwrap_or_else(|| BatchConfigBuilder::default().build());
+            let processor = CountingProcessor {
+                inner: BatchSpanProcessor::new(exporter, config),
+                counts: Arc::clone(&counts),
+            };
+            provider = provider.with_span_processor(processor);
+            target = Some((protocol, url));
+        }
+        Ok(OtlpGuard::new(
+            provider.build(),
+            self.info,
+            counts,
+            runtime,
+            target,
+            shutdown_timeout,
+        ))
+    }
+}

@@ -1,0 +1,236 @@
+//! A real OTLP trace receiver for tests: gRPC (the `opentelemetry-proto` service) and
+//! HTTP/protobuf at `/v1/traces`, both on 127.0.0.1 with ephemeral ports, decoding with the
+//! official protobuf definitions. It can be told to refuse or to answer slowly.
+//!
+//! ```
+//! use lens_testkit::otlp::Receiver;
+//!
+//! let receiver = Receiver::start()?;
+//! assert!(receiver.grpc_endpoint().starts_with("http://127.0.0.1:"));
+//! assert!(receiver.spans().is_empty());
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+mod http;
+mod span;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+
+pub use span::{ReceivedLink, ReceivedSpan, Value, Via};
+
+/// What the receiver holds, shared with its servers.
+#[derive(Debug, Default)]
+struct Store {
+    spans: Mutex<Vec<ReceivedSpan>>,
+    arrived: Condvar,
+    requests: AtomicU64,
+    refused: AtomicU64,
+    refusing: AtomicBool,
+    delay_ms: AtomicU64,
+}
+
+impl Store {
+    /// Waits as told, then takes the request (`true`) or refuses it (`false`).
+    fn take(&self, via: Via, request: &[ResourceSpans]) -> bool {
+        let delay = self.delay_ms.load(Ordering::Acquire);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
+        self.requests.fetch_add(1, Ordering::AcqRel);
+        if self.refusing.load(Ordering::Acquire) {
+            self.refused.fetch_add(1, Ordering::AcqRel);
+            return false;
+        }
+        let spans = span::flatten(via, request);
+        if let Ok(mut all) = self.spans.lock() {
+            all.extend(spans);
+        }
+        self.arrived.notify_all();
+        true
+    }
+}
+
+#[derive(Debug)]
+struct Grpc(Arc<Store>);
+
+#[async_trait::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let store = Arc::clone(&self.0);
+        let request = request.into_inner();
+        // The delay sleeps a thread: keep it off the runtime's workers.
+        let taken =
+            tokio::task::spawn_blocking(move || store.take(Via::Grpc, &request.resource_spans))
+                .await
+                .unwrap_or(false);
+        if taken {
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        } else {
+            Err(tonic::Status::unavailable("the test receiver is refusing"))
+        }
+    }
+}
+
+/// An OTLP receiver on 127.0.0.1 (gRPC and HTTP), stopped on drop.
+#[derive(Debug)]
+pub struct Receiver {
+    store: Arc<Store>,
+    grpc: SocketAddr,
+    http: http::Server,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    /// Starts both servers on ephemeral ports.
+    ///
+    /// # Errors
+    /// When a port cannot be bound or the runtime cannot start.
+    pub fn start() -> std::io::Result<Receiver> {
+        let store = Arc::new(Store::default());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("otlp-receiver")
+            .enable_all()
+            .build()?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let grpc = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let incoming = {
+            let _enter = runtime.enter();
+            tonic::transport::server::TcpIncoming::from(tokio::net::TcpListener::from_std(
+                listener,
+            )?)
+        };
+        // Collectors compress by default (rotel, the OTel Collector): take gzip as they do.
+        let service = TraceServiceServer::new(Grpc(Arc::clone(&store)))
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        runtime.spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "test OTLP receiver: gRPC server stopped");
+            }
+        });
+        let http = http::Server::start(Arc::clone(&store))?;
+        Ok(Receiver {
+            store,
+            grpc,
+            http,
+            runtime: Some(runtime),
+            stop: Some(stop),
+        })
+    }
+
+    /// The gRPC endpoint, `http://127.0.0.1:PORT`.
+    pub fn grpc_endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// The HTTP base URL, `http://127.0.0.1:PORT` (exporters add `/v1/traces`).
+    pub fn http_endpoint(&self) -> String {
+        format!("http://{}", self.http.addr())
+    }
+
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// The HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.addr()
+    }
+
+    /// Every span received so far, in arrival order.
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        self.store
+            .spans
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Waits until at least `n` spans arrived or `timeout` passed; returns what arrived.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ReceivedSpan> {
+        let deadline = Instant::now() + timeout;
+        let Ok(mut spans) = self.store.spans.lock() else {
+            return Vec::new();
+        };
+        while spans.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.store.arrived.wait_timeout(spans, left) {
+                Ok((s, _)) => spans = s,
+                Err(_) => return Vec::new(),
+            }
+        }
+        spans.clone()
+    }
+
+    /// Export requests received (taken or refused), over both protocols.
+    pub fn requests(&self) -> u64 {
+        self.store.requests.load(Ordering::Acquire)
+    }
+
+    /// Export requests refused.
+    pub fn refused(&self) -> u64 {
+        self.store.refused.load(Ordering::Acquire)
+    }
+
+    /// Refuse every export from now on (gRPC `UNAVAILABLE`, HTTP 503), or stop refusing.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.store.refusing.store(refusing, Ordering::Release);
+    }
+
+    /// Answer every export only after `delay` (a slow receiver).
+    pub fn set_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.store.delay_ms.store(ms, Ordering::Release);
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+/// A port on 127.0.0.1 where nothing listens (bound, then released): for "receiver down".
+///
+/// # Errors
+/// When no port can be bound.
+pub fn closed_port_endpoint() -> std::io::Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    drop(l);
+    Ok(format!("http://{addr}"))
+}

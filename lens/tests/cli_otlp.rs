@@ -1,0 +1,120 @@
+//! `lens demo --otlp`: every rank's spans reach a real OTLP receiver (the test kit's, decoding
+//! with the official protobuf definitions), over gRPC and HTTP.
+
+mod common;
+
+use std::time::Duration;
+
+use common::lens_with_env as lens;
+use common::otlp::check_demo_spans;
+use lens::testkit::otlp::{Receiver, Via, closed_port_endpoint};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+#[test]
+fn local_demo_exports_every_rank_over_grpc_and_http() {
+    for (protocol, via) in [("grpc", Via::Grpc), ("http/protobuf", Via::Http)] {
+        let receiver = Receiver::start().expect("receiver");
+        let endpoint = match via {
+            Via::Grpc => receiver.grpc_endpoint(),
+            Via::Http => receiver.http_endpoint(),
+        };
+        let run = lens(
+            &[
+                "demo",
+                "--ranks",
+                "3",
+                "--steps",
+                "2",
+                "--otlp",
+                &endpoint,
+                "--otlp-protocol",
+                protocol,
+            ],
+            &[],
+            DEADLINE,
+        );
+        assert!(run.ok, "{protocol}: {}", run.stderr);
+        assert!(
+            run.stdout.contains("↳ link"),
+            "the waterfall stays:\n{}",
+            run.stdout
+        );
+        let want = format!("otlp: sent 6 span(s) from 3 of 3 rank(s) to {endpoint}");
+        assert!(run.stdout.contains(&want), "{protocol}: {}", run.stdout);
+        check_demo_spans(&receiver, 3, 2, via);
+    }
+}
+
+#[test]
+fn the_standard_variables_choose_the_receiver_when_no_endpoint_is_given() {
+    let receiver = Receiver::start().expect("receiver");
+    let run = lens(
+        &["demo", "--ranks", "2", "--steps", "2", "--quiet", "--otlp"],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.grpc_endpoint()),
+            ("LENS_OTLP_EXPORT_RANKS", "ranks:1"),
+        ],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert!(run.stdout.contains("from 1 of 2 rank(s)"), "{}", run.stdout);
+    let spans = receiver.wait_for(2, Duration::from_secs(10));
+    assert_eq!(spans.len(), 2, "only rank 1's two spans");
+    assert!(spans.iter().all(|s| s.rank() == Some(1)));
+}
+
+#[test]
+fn a_receiver_that_is_down_fails_the_demo_saying_how_many_spans_were_lost() {
+    let down = closed_port_endpoint().expect("port");
+    let run = lens(
+        &[
+            "demo",
+            "--ranks",
+            "2",
+            "--steps",
+            "1",
+            "--quiet",
+            "--otlp",
+            &down,
+            "--otlp-protocol",
+            "grpc",
+        ],
+        &[("LENS_OTLP_TIMEOUT", "1")],
+        DEADLINE,
+    );
+    let line = run.failure_line();
+    assert!(line.contains("span(s) were not exported"), "{line}");
+    assert!(line.contains(&down), "names the endpoint: {line}");
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn tcp_demo_exports_from_every_rank_process() {
+    let receiver = Receiver::start().expect("receiver");
+    let run = lens(
+        &[
+            "demo",
+            "--backend",
+            "tcp",
+            "--ranks",
+            "3",
+            "--steps",
+            "2",
+            "--quiet",
+            "--otlp",
+            &receiver.http_endpoint(),
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("otlp: sent 6 span(s) from 3 of 3 rank(s)"),
+        "{}",
+        run.stdout
+    );
+    check_demo_spans(&receiver, 3, 2, Via::Http);
+}
