@@ -29,7 +29,7 @@ apt_install() {
 
 # lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
-# The OTLP collector test: rotel-agent from PyPI, in a venv made here.
+# The OTLP collector test (rotel-agent) and the Python package: PyPI, in a venv made here.
 apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv
 
 step "cargo fmt --check"
@@ -49,13 +49,28 @@ timeout 1500 cargo test --workspace --all-targets --all-features
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
 
-step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a venv"
+# One venv for the Python parts: rotel-agent (an OTLP collector) and the lens-trace package.
 venv=target/lens-venv
 [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "rotel==0.0.1a15"
+pip_q() { "$venv/bin/pip" install -q --disable-pip-version-check "$@"; }
+
+step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a venv"
+pip_q "rotel==0.0.1a15"
 rotel_agent=$("$venv/bin/python" -c 'import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), "rotel-agent"))')
 [ -x "$rotel_agent" ] || { echo "test.sh: rotel-agent not found at $rotel_agent" >&2; exit 1; }
 LENS_ROTEL_AGENT="$rotel_agent" timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
+
+step "Python package lens-trace (lens-py): pip install ./lens-py, then pytest"
+pip_q "maturin==1.16.0" "pytest==8.4.2" "opentelemetry-sdk==1.38.0"
+# Built as a user would (pip, maturin, release); no build isolation, so maturin comes from
+# the venv instead of a second download.
+PATH="$PWD/$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
+# The Rust ranks of the mixed Python/Rust job (the test step built the example only as a
+# test harness).
+mixed_rank=$(cargo build -p lens --all-features --example mixed_rank --message-format=json 2>/dev/null \
+  | grep '"src_path":"[^"]*lens/examples/mixed_rank.rs"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n 1)
+[ -x "$mixed_rank" ] || { echo "test.sh: the mixed_rank example was not found" >&2; exit 1; }
+LENS_MIXED_RANK_BIN="$mixed_rank" timeout 600 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider lens-py/tests
 
 step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c)"
 fake_gpu=$(mktemp -d)

@@ -53,3 +53,15 @@ pub fn broadcast_context(
 ) -> Result<Option<Carrier>> {
     futures::executor::block_on(crate::broadcast_context(b, src_rank, cx))
 }
+
+/// Blocking [`crate::broadcast_carrier`].
+///
+/// # Errors
+/// As [`crate::broadcast_carrier`].
+pub fn broadcast_carrier(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    carrier: Option<&Carrier>,
+) -> Result<Option<Carrier>> {
+    futures::executor::block_on(crate::broadcast_carrier(b, src_rank, carrier))
+}

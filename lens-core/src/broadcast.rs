@@ -78,11 +78,35 @@ pub async fn broadcast_context(
     broadcast_impl(b, src_rank, Some(cx)).await
 }
 
-async fn broadcast_impl(
+/// Like [`broadcast_context`], with the source's carrier already made (by another
+/// language's propagators, say: the Python package sends what the Python SDK injected).
+/// The source sends `carrier` as it is (`None` is an empty carrier); the others pass `None`.
+///
+/// # Errors
+/// As [`broadcast_trace_context`], and on the source [`Error::Config`] for a carrier whose
+/// `traceparent` is not valid W3C (the others then get [`Error::SourceFailed`]).
+pub async fn broadcast_carrier(
     b: &dyn Broadcaster,
     src_rank: usize,
-    cx: Option<&Context>,
+    carrier: Option<&Carrier>,
 ) -> Result<Option<Carrier>> {
+    check_root(b, src_rank)?;
+    if b.rank() != src_rank {
+        return receive(b, src_rank).await;
+    }
+    let carrier = carrier.cloned().unwrap_or_default();
+    if let Some(tp) = carrier.get(TRACEPARENT)
+        && let Err(e) = parse_traceparent(tp)
+    {
+        fail_source(b, src_rank).await;
+        return Err(Error::config(format!(
+            "the source's carrier has an invalid traceparent {tp:?}: {e}"
+        )));
+    }
+    send(b, src_rank, carrier).await
+}
+
+fn check_root(b: &dyn Broadcaster, src_rank: usize) -> Result<()> {
     let world_size = b.world_size();
     if src_rank >= world_size {
         return Err(Error::InvalidRoot {
@@ -90,43 +114,65 @@ async fn broadcast_impl(
             world_size,
         });
     }
+    Ok(())
+}
+
+/// An empty payload is never a carrier ("{}" is the smallest): it tells the other ranks that
+/// the source failed, so they return at once instead of timing out.
+async fn fail_source(b: &dyn Broadcaster, src_rank: usize) {
+    if let Err(e) = b.broadcast(src_rank, Some(&[])).await {
+        tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
+    }
+}
+
+/// The source's half of a round: `carrier` sent, and returned when it holds a span context
+/// (its traceparent, when present, is valid).
+async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+    let bytes = carrier.to_bytes();
+    let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
+    if bytes.len() > limit {
+        fail_source(b, src_rank).await;
+        return Err(Error::PayloadTooLarge {
+            len: bytes.len(),
+            limit,
+        });
+    }
+    b.broadcast(src_rank, Some(&bytes)).await?;
+    let valid = carrier.get(TRACEPARENT).is_some();
+    Ok(valid.then(|| carrier.with_source_rank(src_rank)))
+}
+
+async fn broadcast_impl(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    cx: Option<&Context>,
+) -> Result<Option<Carrier>> {
+    check_root(b, src_rank)?;
     if b.rank() == src_rank {
+        // `from_context` writes a traceparent exactly when the span context is valid.
         let carrier = match cx {
             Some(cx) => Carrier::from_context(cx),
             None => Carrier::from_context(&Context::current()),
         };
-        let bytes = carrier.to_bytes();
-        let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
-        if bytes.len() > limit {
-            // An empty payload is never a carrier ("{}" is the smallest): it tells the other
-            // ranks that the source failed, so they return at once instead of timing out.
-            if let Err(e) = b.broadcast(src_rank, Some(&[])).await {
-                tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
-            }
-            return Err(Error::PayloadTooLarge {
-                len: bytes.len(),
-                limit,
-            });
-        }
-        b.broadcast(src_rank, Some(&bytes)).await?;
-        // `from_context` writes a traceparent exactly when the span context is valid.
-        let valid = carrier.get(TRACEPARENT).is_some();
-        Ok(valid.then(|| carrier.with_source_rank(src_rank)))
+        send(b, src_rank, carrier).await
     } else {
-        let bytes = b.broadcast(src_rank, None).await?;
-        if bytes.is_empty() {
-            return Err(Error::SourceFailed { root: src_rank });
-        }
-        let carrier = Carrier::decode_vec(bytes, Carrier::DEFAULT_MAX_LEN)?;
-        match carrier.get(TRACEPARENT) {
-            None => Ok(None),
-            Some(tp) if parse_traceparent(tp).is_ok() => {
-                Ok(Some(carrier.with_source_rank(src_rank)))
-            }
-            // The source only ever sends a valid traceparent, so this one was damaged.
-            Some(tp) => Err(Error::Corrupt {
-                reason: format!("received an invalid traceparent {tp:?}"),
-            }),
-        }
+        receive(b, src_rank).await
+    }
+}
+
+/// Every other rank's half of a round.
+async fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
+    let bytes = b.broadcast(src_rank, None).await?;
+    if bytes.is_empty() {
+        return Err(Error::SourceFailed { root: src_rank });
+    }
+    let carrier = Carrier::decode_vec(bytes, Carrier::DEFAULT_MAX_LEN)?;
+    match carrier.get(TRACEPARENT) {
+        None => Ok(None),
+        Some(tp) if parse_traceparent(tp).is_ok() => Ok(Some(carrier.with_source_rank(src_rank))),
+        // The source only ever sends a valid traceparent, so this one was damaged.
+        Some(tp) => Err(Error::Corrupt {
+            reason: format!("received an invalid traceparent {tp:?}"),
+        }),
     }
 }

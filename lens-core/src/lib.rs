@@ -66,7 +66,7 @@ mod hierarchical;
 pub mod link;
 pub mod rank;
 
-pub use broadcast::{broadcast_context, broadcast_trace_context};
+pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};
 pub use broadcaster::{
     Broadcaster, DEFAULT_MAX_PAYLOAD, MAX_TIMEOUT, check_timeout, parse_timeout_secs,
 };

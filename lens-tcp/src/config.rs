@@ -117,6 +117,11 @@ impl TcpConfig {
     pub fn addr(&self) -> &str {
         &self.addr
     }
+
+    /// The deadline of one round.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 /// Builds a [`TcpConfig`]. Settings made in code override the environment.

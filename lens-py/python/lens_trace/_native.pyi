@@ -1,0 +1,49 @@
+"""Type stubs of the Rust extension module lens_trace._native."""
+
+from typing import Any, Callable, Dict, List, Optional, Union
+
+MAX_CARRIER_LEN: int
+__version__: str
+
+class Group:
+    """One rank of a lens group; every wait is bounded and releases the GIL."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def timeout(self) -> Optional[float]: ...
+    @property
+    def closed(self) -> bool: ...
+    def broadcast(self, root: int, payload: Optional[bytes] = None) -> bytes: ...
+    def broadcast_carrier(
+        self, src_rank: int, carrier: Optional[Dict[str, str]] = None
+    ) -> Optional[Dict[str, str]]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Group": ...
+    def __exit__(self, *args: Any) -> None: ...
+
+def tcp_group(
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    addr: Optional[str] = None,
+    key: Union[str, bytes, None] = None,
+    timeout: Optional[float] = None,
+    join_timeout: Optional[float] = None,
+    fan_out: Optional[int] = None,
+) -> Group: ...
+def local_cluster(world_size: int, *, timeout: Optional[float] = None) -> List[Group]: ...
+def callback_group(
+    collective: Callable[[bytearray, int, float], Any],
+    rank: int,
+    world_size: int,
+    *,
+    timeout: Optional[float] = None,
+    slab_size: Optional[int] = None,
+) -> Group: ...
+def encode_carrier(carrier: Dict[str, str]) -> bytes: ...
+def decode_carrier(data: bytes) -> Dict[str, str]: ...

@@ -1,0 +1,88 @@
+"""Exceptions raised by lens_trace. Every one is a :class:`LensError`.
+
+Each keeps the Rust error's full text in ``detail`` and a short ``kind``; a
+:class:`BroadcastTimeout` also says which ranks never arrived.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+__all__ = [
+    "LensError",
+    "BroadcastTimeout",
+    "DecodeError",
+    "AuthenticationError",
+    "InvalidArgument",
+    "ConfigError",
+    "UnavailableError",
+    "SourceFailed",
+    "GroupClosed",
+    "TransportError",
+]
+
+
+class LensError(Exception):
+    """Base class of every lens_trace error."""
+
+    kind: str
+    detail: str
+
+    def __init__(self, message: str, *, kind: str = "error", detail: Optional[str] = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.detail = detail if detail is not None else message
+        for name, value in extra.items():
+            setattr(self, name, value)
+
+
+class BroadcastTimeout(LensError, TimeoutError):
+    """Some ranks did not take part in a broadcast (or a join) within the deadline.
+
+    ``missing_ranks`` lists them where the transport can tell (TCP and the in-process
+    cluster can; a collective such as torch's cannot, and leaves it empty); ``after`` is
+    how many seconds this rank waited.
+    """
+
+    missing_ranks: List[int]
+    after: Optional[float]
+
+    def __init__(self, message: str, *, missing_ranks: Optional[List[int]] = None, after: Optional[float] = None, **kw: Any) -> None:
+        kw.setdefault("kind", "timeout")
+        super().__init__(message, **kw)
+        self.missing_ranks = list(missing_ranks or [])
+        self.after = after
+
+
+class DecodeError(LensError, ValueError):
+    """Received bytes are not a valid carrier (or a frame was damaged)."""
+
+
+class AuthenticationError(LensError):
+    """A peer or a frame failed authentication (a wrong job key, a replayed frame)."""
+
+
+class InvalidArgument(LensError, ValueError):
+    """A call's arguments are wrong: a root outside the group, a carrier over the limit."""
+
+
+class ConfigError(LensError, ValueError):
+    """The group's settings or the environment are invalid, or ranks disagree about them."""
+
+
+class UnavailableError(LensError, RuntimeError):
+    """The backend cannot run here (torch missing, a process group not initialised)."""
+
+
+class SourceFailed(LensError):
+    """The source rank failed before sending its trace context (``source_rank`` says which)."""
+
+    source_rank: Optional[int] = None
+
+
+class GroupClosed(LensError):
+    """The group was closed, or an earlier failed round left this rank out of step."""
+
+
+class TransportError(LensError, ConnectionError):
+    """The transport failed; ``detail`` holds its own error."""

@@ -1,0 +1,80 @@
+"""A lens group over an existing ``torch.distributed`` process group.
+
+One collective per carrier: a fixed-size byte tensor (the slab, with lens's header) is
+broadcast with ``async_op=True`` and waited for against a deadline, so a rank that never
+arrives raises :class:`~lens_trace.errors.BroadcastTimeout` instead of hanging (NeMo Lens
+sends two collectives, a length then the bytes, and waits forever). torch is imported only
+when :func:`torch_group` is called.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from . import _native
+from .errors import UnavailableError
+
+__all__ = ["torch_group", "DEFAULT_SLAB_SIZE"]
+
+#: Bytes per broadcast, header included: a carrier of a traceparent, a tracestate and some
+#: baggage fits; a longer one costs a second collective.
+DEFAULT_SLAB_SIZE = 512
+
+
+def _wait(work: Any, timeout: float) -> None:
+    """Waits for an async torch collective, polling so that the deadline holds whatever the
+    backend's own timeout is: spin briefly (rounds take microseconds), then sleep longer."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s")
+        if pause:
+            time.sleep(pause)
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+    work.wait()  # raises the backend's own error, if it failed
+
+
+def torch_group(
+    process_group: Any = None,
+    *,
+    timeout: float = 30.0,
+    slab_size: int = DEFAULT_SLAB_SIZE,
+    device: Any = None,
+) -> "_native.Group":
+    """A lens group on ``process_group`` (default: the world), any torch backend.
+
+    Every rank of the process group must call it. ``device`` is where the byte tensor lives
+    (default: ``cuda`` for NCCL groups, ``cpu`` otherwise). After a failed round (a
+    timeout) the group refuses later rounds with ``GroupClosed``: this rank is out of step
+    with its peers, and the torch group should be torn down.
+
+    :raises UnavailableError: torch is not installed or ``torch.distributed`` is not
+        initialised.
+    """
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise UnavailableError(f"torch is not importable: {e}", kind="unavailable") from e
+    if not dist.is_available() or not dist.is_initialized():
+        raise UnavailableError(
+            "torch.distributed is not initialised: call init_process_group first", kind="unavailable"
+        )
+    pg = process_group if process_group is not None else dist.group.WORLD
+    rank = dist.get_rank(pg)
+    world_size = dist.get_world_size(pg)
+    if device is None:
+        device = "cuda" if dist.get_backend(pg) == "nccl" else "cpu"
+    device = torch.device(device)
+
+    def collective(buf: bytearray, root: int, left: float) -> None:
+        src = dist.get_global_rank(pg, root) if pg is not dist.group.WORLD else root
+        host = torch.frombuffer(buf, dtype=torch.uint8)  # shares buf's memory
+        t = host if device.type == "cpu" else host.to(device)
+        _wait(dist.broadcast(t, src=src, group=pg, async_op=True), left)
+        if t is not host:
+            host.copy_(t.cpu())
+
+    return _native.callback_group(collective, rank, world_size, timeout=timeout, slab_size=slab_size)

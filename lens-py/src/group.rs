@@ -1,0 +1,275 @@
+//! `Group`: one rank's handle on a lens group, whatever the transport, and the functions
+//! that make one.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use lens_core::backend::slab::{SlabGroup, SlabOptions};
+use lens_core::{Broadcaster, Error, blocking};
+use lens_tcp::{TcpBroadcaster, TcpConfigBuilder};
+use lens_testkit::LocalCluster;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+use crate::callback::PyCollective;
+use crate::carrier::{from_dict, to_dict};
+use crate::errors::IntoPy as _;
+
+/// One rank of a lens group. Every rank calls each broadcast, in the same order; each wait
+/// is bounded by the group's timeout and runs with the GIL released.
+#[pyclass(module = "lens_trace._native", frozen)]
+pub(crate) struct Group {
+    /// `None` once closed.
+    inner: RwLock<Option<Arc<dyn Broadcaster>>>,
+    rank: usize,
+    world_size: usize,
+    backend: &'static str,
+    timeout: Option<Duration>,
+}
+
+impl Group {
+    fn new(b: Arc<dyn Broadcaster>, backend: &'static str, timeout: Option<Duration>) -> Self {
+        Group {
+            rank: b.rank(),
+            world_size: b.world_size(),
+            inner: RwLock::new(Some(b)),
+            backend,
+            timeout,
+        }
+    }
+
+    fn live(&self) -> lens_core::Result<Arc<dyn Broadcaster>> {
+        let closed = || Error::Closed {
+            backend: self.backend,
+            reason: "close() was called on this rank".into(),
+        };
+        // A poisoned lock only means a panic elsewhere; the handle itself is still sound.
+        let guard = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        guard.clone().ok_or_else(closed)
+    }
+}
+
+#[pymethods]
+impl Group {
+    /// This rank's index in the group.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks the group has.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The transport: "tcp", "local" or "callback".
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The deadline of one broadcast in seconds, where the group has one of its own.
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.timeout.map(|t| t.as_secs_f64())
+    }
+
+    /// Broadcasts raw bytes from `root`: the root passes `payload`, the others `None`; every
+    /// rank gets the root's bytes.
+    #[pyo3(signature = (root, payload=None))]
+    fn broadcast<'py>(
+        &self,
+        py: Python<'py>,
+        root: usize,
+        payload: Option<&[u8]>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let b = self.live().py(py)?;
+        let bytes = py
+            .detach(|| blocking::broadcast(&*b, root, payload))
+            .py(py)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Broadcasts the source's carrier (a `dict[str, str]` from the W3C propagators; the
+    /// others pass `None`) and returns it on every rank, or `None` on every rank when it
+    /// holds no `traceparent`. One collective; the bytes are NeMo Lens's JSON.
+    #[pyo3(signature = (src_rank, carrier=None))]
+    fn broadcast_carrier<'py>(
+        &self,
+        py: Python<'py>,
+        src_rank: usize,
+        carrier: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let b = self.live().py(py)?;
+        let mine = match carrier {
+            Some(d) if self.rank == src_rank => Some(from_dict(d)?),
+            _ => None,
+        };
+        let got = py
+            .detach(|| blocking::broadcast_carrier(&*b, src_rank, mine.as_ref()))
+            .py(py)?;
+        got.map(|c| to_dict(py, &c)).transpose()
+    }
+
+    /// Leaves the group: later calls on this rank raise `GroupClosed`. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let taken = {
+            let mut guard = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            guard.take()
+        };
+        // A TCP group's sockets close as it drops; let that happen without the GIL.
+        py.detach(move || drop(taken));
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.live().is_err()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<lens_trace Group backend={} rank={} world_size={}{}>",
+            self.backend,
+            self.rank,
+            self.world_size,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+/// Seconds from Python as a `Duration`: positive and finite, else `ValueError`.
+fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be a positive number of seconds, not {secs}"
+        )));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|e| PyValueError::new_err(format!("{what} of {secs} s: {e}")))
+}
+
+/// Joins lens's TCP group (the one Rust ranks join with `TcpBroadcaster`): settings from
+/// the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `LENS_TCP_KEY_FILE`
+/// or `LENS_TCP_KEY`, `LENS_TCP_TIMEOUT`, ...), each overridden by the argument given.
+/// Blocks, without the GIL, until every rank has joined or the join timeout passes.
+#[pyfunction]
+#[pyo3(signature = (*, rank=None, world_size=None, addr=None, key=None, timeout=None, join_timeout=None, fan_out=None))]
+#[allow(clippy::too_many_arguments)] // Python keyword arguments, each optional.
+pub(crate) fn tcp_group(
+    py: Python<'_>,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    addr: Option<String>,
+    key: Option<&Bound<'_, PyAny>>,
+    timeout: Option<f64>,
+    join_timeout: Option<f64>,
+    fan_out: Option<usize>,
+) -> PyResult<Group> {
+    let mut b = TcpConfigBuilder::from_env();
+    if let Some(r) = rank {
+        b = b.rank(r);
+    }
+    if let Some(n) = world_size {
+        b = b.world_size(n);
+    }
+    if let Some(a) = addr {
+        b = b.addr(a);
+    }
+    if let Some(k) = key {
+        b = if let Ok(s) = k.cast::<PyString>() {
+            b.key(s.extract::<String>()?.as_bytes())
+        } else if let Ok(bytes) = k.cast::<PyBytes>() {
+            b.key(bytes.as_bytes())
+        } else {
+            return Err(PyTypeError::new_err("key must be str or bytes"));
+        };
+    }
+    if let Some(t) = timeout {
+        b = b.timeout(seconds("timeout", t)?);
+    }
+    if let Some(t) = join_timeout {
+        b = b.join_timeout(seconds("join_timeout", t)?);
+    }
+    if let Some(k) = fan_out {
+        b = b.fan_out(k);
+    }
+    let config = b.build().py(py)?;
+    let deadline = config.timeout();
+    let group = py.detach(|| TcpBroadcaster::connect(config)).py(py)?;
+    Ok(Group::new(Arc::new(group), "tcp", Some(deadline)))
+}
+
+/// `world_size` ranks in this process, for tests: call each rank's broadcasts from its own
+/// thread. A round that some rank misses fails after `timeout` seconds (default 30).
+#[pyfunction]
+#[pyo3(signature = (world_size, *, timeout=None))]
+pub(crate) fn local_cluster(
+    py: Python<'_>,
+    world_size: usize,
+    timeout: Option<f64>,
+) -> PyResult<Vec<Group>> {
+    if world_size == 0 {
+        return Err(PyValueError::new_err("a cluster needs at least one rank"));
+    }
+    let timeout = timeout
+        .map(|t| seconds("timeout", t))
+        .transpose()?
+        .unwrap_or(lens_core::backend::slab::DEFAULT_TIMEOUT);
+    let _ = py;
+    Ok(LocalCluster::new(world_size)
+        .timeout(timeout)
+        .broadcasters()
+        .into_iter()
+        .map(|b| Group::new(Arc::new(b), "local", Some(timeout)))
+        .collect())
+}
+
+/// A group over a collective written in Python (such as one `torch.distributed.broadcast`
+/// of a byte tensor): `collective(buf: bytearray, root: int, timeout: float)` must broadcast
+/// `buf` from `root` in place within `timeout` seconds and raise `TimeoutError` past it.
+/// lens runs its slab round on top: one collective of `slab_size` bytes per carrier, a
+/// second only for a carrier that does not fit, and refusal of every round after a failed
+/// one (this rank is then out of step with its peers).
+#[pyfunction]
+#[pyo3(signature = (collective, rank, world_size, *, timeout=None, slab_size=None))]
+pub(crate) fn callback_group(
+    py: Python<'_>,
+    collective: Py<PyAny>,
+    rank: usize,
+    world_size: usize,
+    timeout: Option<f64>,
+    slab_size: Option<usize>,
+) -> PyResult<Group> {
+    if !collective.bind(py).is_callable() {
+        return Err(PyTypeError::new_err("collective must be callable"));
+    }
+    let mut opts = SlabOptions::default();
+    if let Some(t) = timeout {
+        opts = opts.timeout(seconds("timeout", t)?);
+    }
+    if let Some(s) = slab_size {
+        opts = opts.slab_size(s);
+    }
+    let deadline = opts.timeout;
+    let group = SlabGroup::new(
+        "python collective",
+        *b"LNSP",
+        PyCollective::new(collective),
+        (rank, world_size),
+        &opts,
+    )
+    .py(py)?;
+    Ok(Group::new(Arc::new(group), "callback", Some(deadline)))
+}

@@ -1,0 +1,69 @@
+"""Python ranks over lens's TCP group, in separate processes on 127.0.0.1: a rank that never
+arrives, a rank with the wrong key."""
+
+import json
+import time
+
+from conftest import KEY, Procs, free_port, python_cmd, rank_env
+
+
+def last_json(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in:\n{text}")
+
+
+def test_every_python_rank_gets_the_carrier_over_tcp(procs: Procs):
+    world, port = 3, free_port()
+    for r in range(world):
+        procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, port))
+    got = [last_json(text) for _, text in procs.wait_all(60)]
+    carriers = [g.get("carrier") for g in got]
+    assert carriers[0] and all(c == carriers[0] for c in carriers), got
+    assert carriers[0]["traceparent"].startswith("00-")
+
+
+def test_a_rank_that_never_joins_is_named_by_the_join_timeout(procs: Procs):
+    world, port = 3, free_port()
+    t0 = time.monotonic()
+    for r in range(2):  # rank 2 never starts
+        procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, port, LENS_TCP_JOIN_TIMEOUT="2"))
+    got = [last_json(text) for _, text in procs.wait_all(60)]
+    assert time.monotonic() - t0 < 30
+    root = got[0]
+    assert (root["stage"], root["error"]) == ("join", "BroadcastTimeout"), root
+    assert root["missing"] == [2], root
+    assert got[1]["stage"] == "join" and "error" in got[1], got[1]
+
+
+def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(procs: Procs):
+    world, port = 3, free_port()
+    for r in range(2):
+        procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, port, LENS_TCP_TIMEOUT="1"))
+    idle = procs.start(python_cmd("tcp_probe.py", "--idle"), rank_env(2, world, port))
+    got = []
+    for p in procs.procs[:2]:
+        text, _ = p.communicate(timeout=60)
+        got.append(last_json(text))
+    idle.kill()
+    root = got[0]
+    assert root["stage"] == "broadcast" and root.get("error") == "BroadcastTimeout", root
+    assert root["missing"] == [2] and root["waited"] < 10, root
+    # Rank 1 heard rank 0 directly: it has the carrier (or, on a tree, the same timeout).
+    assert got[1].get("carrier") or got[1].get("error") == "BroadcastTimeout", got[1]
+
+
+def test_a_rank_with_the_wrong_key_never_gets_a_carrier(procs: Procs):
+    world, port = 2, free_port()
+    procs.start(python_cmd("tcp_probe.py"), rank_env(0, world, port, LENS_TCP_JOIN_TIMEOUT="3"))
+    procs.start(
+        python_cmd("tcp_probe.py"),
+        rank_env(1, world, port, key="x" * len(KEY), LENS_TCP_JOIN_TIMEOUT="3"),
+    )
+    got = [last_json(text) for _, text in procs.wait_all(60)]
+    for r, g in enumerate(got):
+        assert "carrier" not in g, (r, g)
+        assert g["stage"] == "join" and "error" in g, (r, g)
+    assert got[1]["error"] == "AuthenticationError", got[1]
+    assert "key" in got[1]["text"], got[1]
