@@ -1,4 +1,6 @@
-//! Carrier codec cost: encode + decode of a ~200-byte carrier, and injection from a context.
+//! Carrier codec cost, for a traceparent-only carrier (the common case) and a ~200-byte one
+//! with tracestate and baggage: encode + decode, injection from a context, and the span
+//! context a receiver parses; each beside the SDK's own W3C propagators doing the same.
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
@@ -7,8 +9,10 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use lens_core::Carrier;
 use opentelemetry::baggage::BaggageExt;
+use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 
 fn context() -> Context {
     let sc = SpanContext::new(
@@ -26,16 +30,31 @@ fn context() -> Context {
     ])
 }
 
-fn bench(c: &mut Criterion) {
-    let cx = context();
-    let carrier = Carrier::from_context(&cx);
-    let bytes = carrier.encode();
-    assert!(
-        (150..=260).contains(&bytes.len()),
-        "a ~200-byte carrier, got {}",
-        bytes.len()
+fn traceparent_only() -> Context {
+    let sc = SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+        SpanId::from_hex("00f067aa0ba902b7").expect("hex"),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::NONE,
     );
-    let mut g = c.benchmark_group(format!("carrier_{}B", bytes.len()));
+    Context::new().with_remote_span_context(sc)
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, cx) in [("traceparent", traceparent_only()), ("full", context())] {
+        bench_one(c, name, &cx);
+    }
+}
+
+fn bench_one(c: &mut Criterion, name: &str, cx: &Context) {
+    let carrier = Carrier::from_context(cx);
+    let bytes = carrier.encode();
+    let sdk = TextMapCompositePropagator::new(vec![
+        Box::new(TraceContextPropagator::new()),
+        Box::new(BaggagePropagator::new()),
+    ]);
+    let mut g = c.benchmark_group(format!("carrier_{name}_{}B", bytes.len()));
     g.bench_function("encode+decode", |b| {
         b.iter(|| Carrier::decode(&black_box(&carrier).encode()).expect("decodes"))
     });
@@ -44,10 +63,24 @@ fn bench(c: &mut Criterion) {
         b.iter(|| Carrier::decode(black_box(&bytes)).expect("decodes"))
     });
     g.bench_function("from_context", |b| {
-        b.iter(|| Carrier::from_context(black_box(&cx)))
+        b.iter(|| Carrier::from_context(black_box(cx)))
+    });
+    g.bench_function("sdk_inject", |b| {
+        b.iter(|| {
+            let mut m = std::collections::HashMap::new();
+            sdk.inject_context(black_box(cx), &mut m);
+            m
+        })
     });
     g.bench_function("span_context", |b| {
         b.iter(|| black_box(&carrier).span_context())
+    });
+    g.bench_function("decode+span_context", |b| {
+        b.iter(|| {
+            Carrier::decode(black_box(&bytes))
+                .expect("decodes")
+                .span_context()
+        })
     });
     g.finish();
 }

@@ -215,3 +215,53 @@ fn forwarding_impls_and_dyn() {
     assert_eq!(blocking::broadcast(&arc, 0, Some(b"c")).expect("ok"), b"c");
     assert_eq!(boxed.world_size(), 1);
 }
+
+/// `broadcast_carrier`: a carrier made elsewhere (the Python package's propagators) goes out
+/// as it is; one without a traceparent gives `None` everywhere; a damaged traceparent is
+/// the source's error, and the others hear that the source failed instead of waiting.
+#[tokio::test]
+async fn a_carrier_made_elsewhere_is_broadcast_as_it_is() {
+    let ranks = LocalCluster::new(3).broadcasters();
+    let wire = br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "k=v"}"#;
+    let made = Carrier::decode(wire).expect("decodes");
+    let cases: [(&str, Option<Carrier>); 3] = [
+        ("a valid carrier", Some(made.clone())),
+        (
+            "no traceparent",
+            Some(Carrier::decode(br#"{"baggage": "k=v"}"#).expect("ok")),
+        ),
+        ("no carrier at all", None),
+    ];
+    for (why, carrier) in cases {
+        let got = futures::future::join_all(ranks.iter().map(|b| {
+            let mine = (b.rank() == 1).then_some(carrier.as_ref()).flatten();
+            lens_core::broadcast_carrier(b, 1, mine)
+        }))
+        .await;
+        for (rank, r) in got.into_iter().enumerate() {
+            let r = r.unwrap_or_else(|e| panic!("{why}, rank {rank}: {e}"));
+            match (&carrier, r) {
+                (Some(c), Some(out)) if c.get("traceparent").is_some() => {
+                    assert_eq!(out.encode(), wire, "{why}, rank {rank}: bytes changed");
+                    assert_eq!(out.source_rank(), Some(1), "{why}");
+                }
+                (_, None)
+                    if carrier
+                        .as_ref()
+                        .is_none_or(|c| c.get("traceparent").is_none()) => {}
+                (_, other) => panic!("{why}, rank {rank}: unexpected {other:?}"),
+            }
+        }
+    }
+    let mut bad = Carrier::new();
+    bad.insert("traceparent", "00-not-a-traceparent");
+    let got = futures::future::join_all(ranks.iter().map(|b| {
+        let mine = (b.rank() == 0).then_some(&bad);
+        lens_core::broadcast_carrier(b, 0, mine)
+    }))
+    .await;
+    assert!(matches!(got[0], Err(Error::Config { .. })), "{:?}", got[0]);
+    for r in &got[1..] {
+        assert!(matches!(r, Err(Error::SourceFailed { root: 0 })), "{r:?}");
+    }
+}

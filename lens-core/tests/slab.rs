@@ -91,7 +91,7 @@ fn the_slab_round_passes_conformance_at_every_slab_size() {
     // (why, slab size)
     for (why, slab) in [
         ("nearly every payload spills", HEADER_LEN + 1),
-        ("the default", 512),
+        ("the default", 256),
         ("nothing below 4 KiB spills", HEADER_LEN + 4096),
     ] {
         let (ranks, stops) = group(3, &SlabOptions::default().slab_size(slab), &[]);

@@ -44,26 +44,26 @@
 // and a deadline needs exactly that (see `ibcast`).
 #![allow(unsafe_code)]
 
-use std::ffi::c_int;
-use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+mod request;
+mod transport;
 
-use lens_core::backend::slab::{self, Round, SlabGroup, SlabOptions, SlabTransport, SlabVars};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use lens_core::backend::slab::{self, SlabGroup, SlabOptions, SlabVars};
 use lens_core::{Broadcaster, Error, Result};
 use mpi::environment::Threading;
-use mpi::ffi;
-use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::Communicator;
+
+use transport::Mpi;
 
 const BACKEND: &str = "mpi";
 const MAGIC: [u8; 4] = *b"LNSM";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
 pub const HEADER: usize = slab::HEADER_LEN;
-/// Default slab size in bytes: room for a carrier with a trace state and some baggage.
+/// Default slab size in bytes (see [`slab::DEFAULT_SLAB_SIZE`] for why 256).
 pub const DEFAULT_SLAB: usize = slab::DEFAULT_SLAB_SIZE;
-/// How long a round polls without pausing.
-const SPIN_FOR: Duration = Duration::from_millis(2);
 /// Default deadline of a round.
 pub const DEFAULT_TIMEOUT: Duration = slab::DEFAULT_TIMEOUT;
 
@@ -75,6 +75,9 @@ pub mod env {
     pub const TIMEOUT: &str = "LENS_MPI_TIMEOUT";
     /// Largest payload, in bytes.
     pub const MAX_PAYLOAD: &str = "LENS_MPI_MAX_PAYLOAD";
+    /// `0` or `false`: a fresh `MPI_Ibcast` per round instead of a persistent broadcast
+    /// prepared once per root (for comparison, or an MPI whose persistent one misbehaves).
+    pub const PERSISTENT: &str = "LENS_MPI_PERSISTENT";
 }
 
 const VARS: SlabVars = SlabVars {
@@ -82,48 +85,6 @@ const VARS: SlabVars = SlabVars {
     timeout: env::TIMEOUT,
     max_payload: env::MAX_PAYLOAD,
 };
-
-/// The MPI side of the slab round: a communicator and a buffer MPI may keep.
-struct Mpi {
-    comm: SimpleCommunicator,
-    /// The slab as MPI sees it; handed to MPI for each collective and leaked on a timeout.
-    buf: Box<[u8]>,
-}
-
-// SAFETY: the communicator handle is only used with the slab group's mutex held, so MPI
-// never sees two calls on it at once; with a threading level below Serialized every call is
-// also checked to come from the creating thread (`MpiBroadcaster::check_thread`).
-unsafe impl Send for Mpi {}
-
-impl SlabTransport for Mpi {
-    fn broadcast_slab(
-        &mut self,
-        round: &Round,
-        slab: &mut [u8],
-        sent: Option<usize>,
-    ) -> Result<()> {
-        let mut buf = std::mem::take(&mut self.buf);
-        if buf.len() != slab.len() {
-            buf = vec![0u8; slab.len()].into_boxed_slice();
-        }
-        // The root's data; elsewhere the whole slab, whose header the round zeroed, so no
-        // earlier round's header is left in MPI's buffer.
-        let n = sent.unwrap_or(slab.len());
-        buf[..n].copy_from_slice(&slab[..n]);
-        let buf = ibcast(&self.comm, round.root, buf, round.deadline)?
-            .ok_or_else(|| round.timed_out())?;
-        slab.copy_from_slice(&buf);
-        self.buf = buf;
-        Ok(())
-    }
-
-    fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
-        let buf = ibcast(&self.comm, round.root, rest.into(), round.deadline)?
-            .ok_or_else(|| round.timed_out())?;
-        rest.copy_from_slice(&buf);
-        Ok(())
-    }
-}
 
 /// One rank of an MPI communicator, as a [`Broadcaster`].
 pub struct MpiBroadcaster {
@@ -145,12 +106,14 @@ impl std::fmt::Debug for MpiBroadcaster {
 pub struct MpiBroadcasterBuilder {
     comm: SimpleCommunicator,
     opts: SlabOptions,
+    persistent: std::result::Result<bool, String>,
 }
 
 impl std::fmt::Debug for MpiBroadcasterBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MpiBroadcasterBuilder")
             .field("opts", &self.opts)
+            .field("persistent", &self.persistent)
             .finish_non_exhaustive()
     }
 }
@@ -161,10 +124,30 @@ impl MpiBroadcasterBuilder {
     /// that does not parse is reported by [`MpiBroadcasterBuilder::build`] unless code sets
     /// that field.
     pub fn from_env(comm: SimpleCommunicator) -> Self {
+        let persistent = match std::env::var(env::PERSISTENT) {
+            Err(_) => Ok(true),
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                other => Err(format!(
+                    "{} must be 0 or 1 (or true/false), not {other:?}",
+                    env::PERSISTENT
+                )),
+            },
+        };
         MpiBroadcasterBuilder {
             comm,
             opts: SlabOptions::from_vars(&VARS, |k| std::env::var(k).ok()),
+            persistent,
         }
+    }
+
+    /// Whether each root's slab broadcast is prepared once and restarted every round
+    /// (`MPI_Bcast_init`, or Open MPI's `MPIX_Bcast_init`; default, and used only where the
+    /// library has one) or started afresh with `MPI_Ibcast`; variable [`env::PERSISTENT`].
+    pub fn persistent(mut self, on: bool) -> Self {
+        self.persistent = Ok(on);
+        self
     }
 
     /// Slab size in bytes, header included (default [`DEFAULT_SLAB`]; variable
@@ -207,81 +190,12 @@ impl MpiBroadcasterBuilder {
             usize::try_from(rank).unwrap_or_default(),
             usize::try_from(size).unwrap_or(1),
         );
-        let transport = Mpi {
-            comm: self.comm,
-            buf: Box::default(),
-        };
+        let persistent = self.persistent.map_err(Error::config)?;
+        let transport = Mpi::new(self.comm, persistent);
         Ok(MpiBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
         })
-    }
-}
-
-/// Runs one `MPI_Ibcast` of `buf` from `root` and polls it until it completes or the
-/// deadline passes. Gives the buffer back when done; `None` on a timeout, when the buffer
-/// is leaked because MPI may still write into it.
-fn ibcast(
-    comm: &SimpleCommunicator,
-    root: usize,
-    buf: Box<[u8]>,
-    deadline: Instant,
-) -> Result<Option<Box<[u8]>>> {
-    let count =
-        c_int::try_from(buf.len()).map_err(|_| Error::config("buffer too large for MPI"))?;
-    let root = c_int::try_from(root).map_err(|_| Error::config("root too large for MPI"))?;
-    let ptr = Box::into_raw(buf);
-    // SAFETY: reading a predefined MPI constant.
-    let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `ptr` points to `count` bytes that stay allocated until the request
-    // completes (below) or forever (leaked on a timeout); the communicator is valid while
-    // the caller holds it; the datatype is a predefined MPI constant.
-    let rc = unsafe {
-        ffi::MPI_Ibcast(
-            ptr.cast::<std::ffi::c_void>(),
-            count,
-            ffi::RSMPI_UINT8_T,
-            root,
-            comm.as_raw(),
-            &mut request,
-        )
-    };
-    if rc != 0 {
-        // SAFETY: the request was not started, so MPI holds no reference to the buffer.
-        drop(unsafe { Box::from_raw(ptr) });
-        return Err(Error::Transport {
-            backend: BACKEND,
-            message: format!("MPI_Ibcast failed with code {rc}"),
-            source: None,
-        });
-    }
-    let started = Instant::now();
-    loop {
-        let mut flag: c_int = 0;
-        // SAFETY: `request` is the live request started above; status is ignored.
-        let rc = unsafe { ffi::MPI_Test(&mut request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        if rc != 0 {
-            // The request's state is unknown: leave the buffer to MPI.
-            return Err(Error::Transport {
-                backend: BACKEND,
-                message: format!("MPI_Test failed with code {rc}"),
-                source: None,
-            });
-        }
-        if flag != 0 {
-            // SAFETY: the request completed, so MPI no longer uses the buffer.
-            return Ok(Some(unsafe { Box::from_raw(ptr) }));
-        }
-        if Instant::now() >= deadline {
-            tracing::warn!("MPI broadcast timed out; its buffer is left to MPI");
-            return Ok(None);
-        }
-        // Keep testing (each test moves the collective on): yielding between tests was
-        // measured slower, even with more ranks than cores. After a few milliseconds the
-        // round is late anyway; then sleep between tests so a long wait does not burn a core.
-        if started.elapsed() > SPIN_FOR {
-            std::thread::sleep(Duration::from_micros(50));
-        }
     }
 }
 
@@ -299,6 +213,7 @@ impl MpiBroadcaster {
         MpiBroadcasterBuilder {
             comm,
             opts: SlabOptions::default(),
+            persistent: Ok(true),
         }
     }
 

@@ -16,6 +16,7 @@ use mpi::traits::*;
 const CASES: &[(&str, usize, bool)] = &[
     ("conformance_2", 2, true),
     ("conformance_4", 4, true),
+    ("conformance_without_persistent_requests", 3, true),
     ("split_groups", 4, true),
     ("slab_boundaries", 3, true),
     ("ten_thousand_rounds", 2, true),
@@ -109,6 +110,20 @@ fn rank_main(case: &str) {
     match case {
         "conformance_2" | "conformance_4" => {
             let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default())),
+                "conformance",
+            );
+        }
+        "conformance_without_persistent_requests" => {
+            // The MPI_Ibcast path (LENS_MPI_PERSISTENT=0, or an MPI without persistent
+            // collectives) meets the same contract.
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .persistent(false)
+                    .build(),
+                "build",
+            );
             check(
                 futures::executor::block_on(run_rank(&b, &Options::default())),
                 "conformance",

@@ -180,9 +180,14 @@ fn bench_table_and_help_say_what_is_measured() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows.len(), 2, "{}", run.stdout);
-    assert_eq!((rows[0][1], rows[0].len()), ("raw", 4), "{}", run.stdout);
-    assert_eq!((rows[1][1], rows[1].len()), ("lens", 5), "{}", run.stdout);
-    assert!(rows[1][4].ends_with('x'), "{}", run.stdout);
+    assert_eq!((rows[0][1], rows[0].len()), ("raw", 5), "{}", run.stdout);
+    assert_eq!((rows[1][1], rows[1].len()), ("lens", 6), "{}", run.stdout);
+    assert!(rows[1][5].ends_with('x'), "{}", run.stdout);
+    // The CPU column: a positive number of µs per rank and round.
+    for row in &rows {
+        let cpu: f64 = row[4].parse().expect("cpu_us");
+        assert!(cpu > 0.0 && cpu.is_finite(), "{}", run.stdout);
+    }
     let help = lens(&["bench", "--help"], DEADLINE);
     assert!(
         help.ok && help.stdout.contains("slowest rank's"),

@@ -72,10 +72,39 @@ pub enum TraceStateError {
 
 const OWS: &[char] = &[' ', '\t'];
 
-fn lower_hex(s: &str, what: &'static str) -> Result<(), TraceParentError> {
-    if s.bytes()
-        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+/// The value of each lowercase hex digit; `0xff` for every other byte.
+const LOWER_HEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Decodes lowercase hex into `out` (`hex` is twice as long): a table lookup per digit,
+/// since the SDK's `from_hex` (a radix parse of a `u128`) was most of a receiver's decode.
+fn decode_lower_hex(
+    hex: &[u8],
+    out: &mut [u8],
+    what: &'static str,
+) -> Result<(), TraceParentError> {
+    let mut bad = 0u8;
+    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        let (hi, lo) = (
+            LOWER_HEX[usize::from(pair[0])],
+            LOWER_HEX[usize::from(pair[1])],
+        );
+        bad |= (hi | lo) & 0xf0;
+        *o = (hi << 4) | (lo & 0x0f);
+    }
+    if bad == 0 {
         Ok(())
     } else {
         Err(TraceParentError::NotLowerHex(what))
@@ -87,25 +116,24 @@ fn lower_hex(s: &str, what: &'static str) -> Result<(), TraceParentError> {
 /// # Errors
 /// A [`TraceParentError`] naming the first rule broken.
 pub fn parse_traceparent(header: &str) -> Result<TraceParent, TraceParentError> {
-    let h = header.trim_matches(OWS);
+    let h = header.trim_matches(OWS).as_bytes();
     if h.len() < 55 {
         return Err(TraceParentError::TooShort(h.len()));
     }
-    if !h.as_bytes()[..55].is_ascii() {
-        return Err(TraceParentError::NotLowerHex("traceparent"));
-    }
     for at in [2, 35, 52] {
-        if h.as_bytes()[at] != b'-' {
+        if h[at] != b'-' {
             return Err(TraceParentError::Separator(at));
         }
     }
-    let (version, trace_id, span_id, flags) = (&h[0..2], &h[3..35], &h[36..52], &h[53..55]);
-    lower_hex(version, "version")?;
-    lower_hex(trace_id, "trace id")?;
-    lower_hex(span_id, "parent id")?;
-    lower_hex(flags, "flags")?;
-    let version =
-        u8::from_str_radix(version, 16).map_err(|_| TraceParentError::NotLowerHex("version"))?;
+    let mut version = [0u8; 1];
+    let mut trace_id = [0u8; 16];
+    let mut span_id = [0u8; 8];
+    let mut flags = [0u8; 1];
+    decode_lower_hex(&h[0..2], &mut version, "version")?;
+    decode_lower_hex(&h[3..35], &mut trace_id, "trace id")?;
+    decode_lower_hex(&h[36..52], &mut span_id, "parent id")?;
+    decode_lower_hex(&h[53..55], &mut flags, "flags")?;
+    let version = version[0];
     if version == 0xff {
         return Err(TraceParentError::ForbiddenVersion);
     }
@@ -113,26 +141,22 @@ pub fn parse_traceparent(header: &str) -> Result<TraceParent, TraceParentError> 
         return Err(TraceParentError::TrailingData(h.len()));
     }
     // A later version may append fields, each after a '-'.
-    if h.len() > 55 && h.as_bytes()[55] != b'-' {
+    if h.len() > 55 && h[55] != b'-' {
         return Err(TraceParentError::Separator(55));
     }
-    let trace_id =
-        TraceId::from_hex(trace_id).map_err(|_| TraceParentError::NotLowerHex("trace id"))?;
-    let span_id =
-        SpanId::from_hex(span_id).map_err(|_| TraceParentError::NotLowerHex("parent id"))?;
+    let trace_id = TraceId::from_bytes(trace_id);
+    let span_id = SpanId::from_bytes(span_id);
     if trace_id == TraceId::INVALID {
         return Err(TraceParentError::ZeroTraceId);
     }
     if span_id == SpanId::INVALID {
         return Err(TraceParentError::ZeroSpanId);
     }
-    let flags =
-        u8::from_str_radix(flags, 16).map_err(|_| TraceParentError::NotLowerHex("flags"))?;
     Ok(TraceParent {
         version,
         trace_id,
         span_id,
-        flags: TraceFlags::new(flags),
+        flags: TraceFlags::new(flags[0]),
     })
 }
 

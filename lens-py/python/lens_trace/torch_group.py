@@ -19,7 +19,7 @@ __all__ = ["torch_group", "DEFAULT_SLAB_SIZE"]
 
 #: Bytes per broadcast, header included: a carrier of a traceparent, a tracestate and some
 #: baggage fits; a longer one costs a second collective.
-DEFAULT_SLAB_SIZE = 512
+DEFAULT_SLAB_SIZE = 256
 
 
 def _wait(work: Any, timeout: float) -> None:

@@ -20,8 +20,9 @@ pub(crate) enum Command {
     /// Measure lens's trace-context broadcast against the backend's raw transport.
     ///
     /// Operations: the backend's baselines (`raw`: one broadcast of the carrier's bytes on
-    /// the bare transport; with mpi also `two_collective`, the Python reference's length-then-
-    /// bytes scheme) and `lens` (encode, the backend's broadcast, decode on every rank). The
+    /// the bare transport; with mpi also `two_collective`, NeMo Lens's scheme with lens's
+    /// codec: inject and encode, a length then the bytes in two collectives, decode) and
+    /// `lens` (inject and encode, the backend's broadcast, decode on every rank). The
     /// timed rounds are spread over 16 blocks; each block runs every operation in turn after
     /// 10 untimed rounds. Before each round every rank waits at a barrier; the round's time is
     /// the slowest rank's, which is what a collective costs the job. Printed: the median and

@@ -54,8 +54,8 @@ fn print_report(backend: &str, args: &BenchArgs, plan: &Plan, report: &BenchRepo
             report.setting, plan.iters
         );
         println!(
-            "{:>6} {:>15} {:>10} {:>10} {:>9}",
-            "ranks", "op", "median_us", "p99_us", "lens/raw"
+            "{:>6} {:>15} {:>10} {:>10} {:>8} {:>9}",
+            "ranks", "op", "median_us", "p99_us", "cpu_us", "lens/raw"
         );
     }
     for group in &report.groups {
@@ -71,12 +71,14 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
         .map(|(op, samples)| (*op, Stats::of(samples)))
         .collect();
     let lens_median = stats.last().map_or(f64::NAN, |(_, s)| s.median);
-    for (op, s) in &stats {
+    for (i, (op, s)) in stats.iter().enumerate() {
         let is_lens = *op == "lens";
+        let cpu = group.cpu_us.get(i).copied().unwrap_or(f64::NAN);
         if json {
             let mut line = json!({
                 "backend": backend, "ranks": group.ranks, "op": op, "bytes": bytes,
                 "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
+                "cpu_us_per_rank": round2(cpu),
             });
             if is_lens {
                 for (base, b) in stats.iter().filter(|(o, _)| *o != "lens") {
@@ -90,7 +92,7 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
                 _ => String::new(),
             };
             println!(
-                "{:>6} {op:>15} {:>10.2} {:>10.2} {ratio:>9}",
+                "{:>6} {op:>15} {:>10.2} {:>10.2} {cpu:>8.2} {ratio:>9}",
                 group.ranks, s.median, s.p99
             );
         }

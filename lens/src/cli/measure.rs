@@ -11,6 +11,10 @@
 //!   when every rank has the bytes.
 //! - **Statistic.** The median and the 99th percentile of those samples, in µs; `lens/raw`
 //!   is the ratio of the medians.
+//! - **CPU.** The process's CPU time over each operation's timed rounds (barrier waits
+//!   included), per rank and round: on rank 0's process, divided by the ranks it runs. Where
+//!   ranks wait by sleeping (the in-process and TCP groups) this is the work a round costs;
+//!   MPI ranks busy-poll, so there it is close to the wall time.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -41,8 +45,10 @@ pub(crate) struct Plan {
 pub(crate) trait BenchRank {
     /// lens's group on this rank.
     fn group(&self) -> &dyn Broadcaster;
-    /// One round of baseline `i`: rank 0 sends `bytes`; every rank has them on return.
-    fn baseline(&mut self, i: usize, bytes: &[u8]) -> Result<(), String>;
+    /// One round of baseline `i`: rank 0 sends `bytes` (the carrier of `cx`, which rank 0
+    /// holds: a baseline that does a codec's work starts from it); every rank has them on
+    /// return.
+    fn baseline(&mut self, i: usize, bytes: &[u8], cx: &Context) -> Result<(), String>;
 }
 
 /// One group size's figures: the slowest rank's round times, per operation.
@@ -50,28 +56,57 @@ pub(crate) struct Measured {
     pub(crate) ranks: usize,
     /// The baselines in order, then `lens`.
     pub(crate) ops: Vec<(&'static str, Vec<f64>)>,
+    /// CPU µs per rank per round of each operation, in the same order.
+    pub(crate) cpu_us: Vec<f64>,
 }
 
 impl Measured {
     /// Names the columns of `slowest` (from [`run_rank`] or [`on_threads`]).
-    pub(crate) fn new(ranks: usize, baselines: &[&'static str], slowest: Vec<Vec<f64>>) -> Self {
+    pub(crate) fn new(ranks: usize, baselines: &[&'static str], timed: Timed) -> Self {
         let names = baselines.iter().copied().chain(["lens"]);
         Measured {
             ranks,
-            ops: names.zip(slowest).collect(),
+            ops: names.zip(timed.times).collect(),
+            cpu_us: timed.cpu_us,
         }
     }
 }
 
+/// Round times per operation, and CPU time per rank and round per operation.
+pub(crate) struct Timed {
+    pub(crate) times: Vec<Vec<f64>>,
+    pub(crate) cpu_us: Vec<f64>,
+}
+
+/// CPU time used so far by every thread of this process.
+#[allow(unsafe_code)]
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant every Linux has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// Runs `plan` on this rank; `barrier` returns once every rank has reached it. Returns this
-/// rank's round times in µs per operation (the baselines, then lens).
+/// rank's round times in µs per operation (the baselines, then lens), and the process's CPU
+/// µs per timed round of each operation (all of its threads).
 pub(crate) fn run_rank(
     r: &mut dyn BenchRank,
     barrier: &mut dyn FnMut() -> Result<(), String>,
     plan: &Plan,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Timed, String> {
     let ops = plan.baselines + 1;
     let mut times = vec![Vec::with_capacity(plan.iters); ops];
+    let mut cpu = vec![Duration::ZERO; ops];
     let empty = Context::new();
     let cx = if r.group().rank() == 0 {
         &plan.cx
@@ -84,11 +119,15 @@ pub(crate) fn run_rank(
             continue;
         }
         for (op, times) in times.iter_mut().enumerate() {
+            let mut cpu_from = Duration::ZERO;
             for round in 0..WARMUP + per_block {
+                if round == WARMUP {
+                    cpu_from = process_cpu();
+                }
                 barrier()?;
                 let t0 = Instant::now();
                 if op < plan.baselines {
-                    r.baseline(op, &plan.bytes)?;
+                    r.baseline(op, &plan.bytes, cx)?;
                 } else {
                     let got = blocking::broadcast_context(r.group(), 0, cx)
                         .map_err(|e| format!("lens broadcast: {e}"))?;
@@ -99,13 +138,18 @@ pub(crate) fn run_rank(
                     times.push(us);
                 }
             }
+            cpu[op] += process_cpu().saturating_sub(cpu_from);
         }
     }
-    Ok(times)
+    let rounds = plan.iters.max(1) as f64;
+    Ok(Timed {
+        times,
+        cpu_us: cpu.iter().map(|c| c.as_secs_f64() * 1e6 / rounds).collect(),
+    })
 }
 
 /// Element-wise maximum of every rank's times: the slowest rank's time of each round.
-pub(crate) fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
+fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
     let mut ranks = per_rank.into_iter();
     let mut out = ranks.next().unwrap_or_default();
     for theirs in ranks {
@@ -118,11 +162,11 @@ pub(crate) fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
     out
 }
 
-/// Runs `plan` with one thread per rank of an in-process group; the slowest rank's times.
-pub(crate) fn on_threads<R: BenchRank + Send>(
-    ranks: Vec<R>,
-    plan: &Plan,
-) -> Result<Vec<Vec<f64>>, String> {
+/// Runs `plan` with one thread per rank of an in-process group; the slowest rank's times,
+/// and the process's CPU per rank (rank 0's reading over the ranks it shares the process
+/// with).
+pub(crate) fn on_threads<R: BenchRank + Send>(ranks: Vec<R>, plan: &Plan) -> Result<Timed, String> {
+    let n = ranks.len().max(1) as f64;
     let barrier = ThreadBarrier::new(ranks.len());
     let per_rank = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
@@ -157,10 +201,17 @@ pub(crate) fn on_threads<R: BenchRank + Send>(
     }
     // A rank's own error first, not the "another rank failed" of those it released.
     errors.sort_by_key(|e| e == ABANDONED);
-    match errors.into_iter().next() {
-        Some(e) => Err(e),
-        None => Ok(slowest(ok)),
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e);
     }
+    let cpu_us = ok
+        .first()
+        .map(|t| t.cpu_us.iter().map(|c| c / n).collect())
+        .unwrap_or_default();
+    Ok(Timed {
+        times: slowest(ok.into_iter().map(|t| t.times).collect()),
+        cpu_us,
+    })
 }
 
 const ABANDONED: &str = "another rank failed";

@@ -93,6 +93,8 @@ impl Run {
             let median = line["median_us"].as_f64().expect("median");
             let p99 = line["p99_us"].as_f64().expect("p99");
             assert!(median > 0.0 && p99 >= median, "{line}");
+            let cpu = line["cpu_us_per_rank"].as_f64().expect("cpu_us_per_rank");
+            assert!(cpu > 0.0, "{line}");
         }
         for line in lines.iter().filter(|l| l["op"] == "lens") {
             assert!(line["ratio_vs_raw"].as_f64().is_some(), "{line}");

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, LocalBroadcaster, LocalCluster};
 use lens::{Broadcaster, blocking};
+use opentelemetry::Context;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -141,7 +142,7 @@ impl BenchRank for LocalRank {
         &self.0
     }
 
-    fn baseline(&mut self, _: usize, bytes: &[u8]) -> Result<(), String> {
+    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
         let payload = (self.0.rank() == 0).then_some(bytes);
         let got = blocking::broadcast(&self.0, 0, payload).map_err(|e| format!("raw: {e}"))?;
         std::hint::black_box(got);

@@ -3,15 +3,16 @@
 
 use std::time::Duration;
 
-use lens::Broadcaster;
 use lens::mpi::MpiBroadcaster;
+use lens::{Broadcaster, Carrier};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use opentelemetry::Context;
 
 use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::{ExportRecord, OtlpChoice};
-use super::super::measure::{BenchRank, Measured, Plan, run_rank};
+use super::super::measure::{BenchRank, Measured, Plan, Timed, run_rank};
 use super::super::rank::run_one_rank;
 use super::super::record::{Job, SpanRecord};
 
@@ -79,8 +80,10 @@ impl Backend for Mpi {
         Ok(DemoRun::Job(job))
     }
 
-    /// `raw` is one `MPI_Bcast` of the bytes; `two_collective` is the Python reference's
-    /// scheme: an int64 length, then the bytes.
+    /// `raw` is one `MPI_Bcast` of the bytes: the transport's floor. `two_collective` is
+    /// NeMo Lens's broadcast done in Rust with lens's codec: the source injects and encodes
+    /// the context, an int64 length goes in one `MPI_Bcast` and the bytes in a second, and
+    /// every other rank decodes them; so beside `lens` only the collectives differ.
     fn baselines(&self) -> &'static [&'static str] {
         &["raw", "two_collective"]
     }
@@ -109,8 +112,8 @@ impl Backend for Mpi {
         // The slowest rank's time of each round, on rank 0.
         let root = world.process_at_rank(0);
         let max = mpi::collective::SystemOperation::max();
-        let mut slowest = Vec::with_capacity(mine.len());
-        for op_times in &mine {
+        let mut slowest = Vec::with_capacity(mine.times.len());
+        for op_times in &mine.times {
             if world.rank() == 0 {
                 let mut out = vec![0.0f64; op_times.len()];
                 root.reduce_into_root(&op_times[..], &mut out[..], max);
@@ -125,7 +128,14 @@ impl Backend for Mpi {
         let n = usize::try_from(world.size()).unwrap_or(0);
         Ok(Some(BenchReport {
             setting: "MPI_COMM_WORLD under mpirun, one process per rank".into(),
-            groups: vec![Measured::new(n, self.baselines(), slowest)],
+            groups: vec![Measured::new(
+                n,
+                self.baselines(),
+                Timed {
+                    times: slowest,
+                    cpu_us: mine.cpu_us,
+                },
+            )],
         }))
     }
 }
@@ -140,19 +150,23 @@ impl BenchRank for MpiRank<'_> {
         &self.group
     }
 
-    fn baseline(&mut self, i: usize, carrier: &[u8]) -> Result<(), String> {
+    fn baseline(&mut self, i: usize, carrier: &[u8], cx: &Context) -> Result<(), String> {
         let rank = self.world.rank();
         let root = self.world.process_at_rank(0);
         if i == 1 {
-            let mut len: i64 = if rank == 0 { carrier.len() as i64 } else { 0 };
-            root.broadcast_into(&mut len);
             let mut buf = if rank == 0 {
-                carrier.to_vec()
+                Carrier::from_context(cx).encode()
             } else {
-                vec![0u8; usize::try_from(len).unwrap_or(0)]
+                Vec::new()
             };
+            let mut len = buf.len() as i64;
+            root.broadcast_into(&mut len);
+            buf.resize(usize::try_from(len).unwrap_or(0), 0);
             root.broadcast_into(&mut buf[..]);
-            std::hint::black_box(&buf);
+            if rank != 0 {
+                let got = Carrier::decode(&buf).map_err(|e| format!("two_collective: {e}"))?;
+                std::hint::black_box(got.has_span_context());
+            }
         } else {
             let mut buf = if rank == 0 {
                 carrier.to_vec()

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use lens::Broadcaster;
 use lens::nccl::{NcclBroadcaster, NcclOptions};
+use opentelemetry::Context;
 
 use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
@@ -91,7 +92,7 @@ impl BenchRank for NcclRank {
         &self.0
     }
 
-    fn baseline(&mut self, _: usize, bytes: &[u8]) -> Result<(), String> {
+    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
         let payload = (self.0.rank() == 0).then_some(bytes);
         let got = self
             .0

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lens::Broadcaster;
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
+use opentelemetry::Context;
 
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
 use super::super::backend::{Backend, BenchReport, DemoRun};
@@ -248,7 +249,7 @@ impl BenchRank for TcpRank {
         &self.lens
     }
 
-    fn baseline(&mut self, _: usize, bytes: &[u8]) -> Result<(), String> {
+    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
         match &self.raw {
             Raw::Router { socket, peers } => {
                 for r in 1..=*peers {

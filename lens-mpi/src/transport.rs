@@ -1,0 +1,127 @@
+//! The MPI side of the slab round: one collective per round on the communicator.
+
+use lens_core::Result;
+use lens_core::backend::slab::{Round, SlabTransport};
+use mpi::topology::SimpleCommunicator;
+
+use crate::request::{Persistent, ibcast};
+
+/// Roots that get a persistent broadcast of their own; rounds from others use `MPI_Ibcast`.
+/// Each prepared broadcast holds a slab and the library's schedule; sources are usually a
+/// handful of ranks (rank 0, the first stage of each pipeline).
+const MAX_PERSISTENT_ROOTS: usize = 64;
+
+/// A communicator, and the buffers MPI may keep.
+pub(crate) struct Mpi {
+    pub(crate) comm: SimpleCommunicator,
+    /// Whether to prepare persistent broadcasts (where the library has them).
+    pub(crate) persistent: bool,
+    /// The persistent slab broadcast of each root, made at its first round; `None` where
+    /// the library has none (then `persistent` is turned off).
+    by_root: Vec<Option<Persistent>>,
+    /// The slab as MPI sees it in the `MPI_Ibcast` path; leaked on a timeout.
+    buf: Box<[u8]>,
+    /// A round did not finish: a request may still be active, so nothing is freed.
+    leak: bool,
+}
+
+// SAFETY: the communicator handle and the requests are only used with the slab group's
+// mutex held, so MPI never sees two calls on them at once; with a threading level below
+// Serialized every call is also checked to come from the creating thread
+// (`MpiBroadcaster::check_thread`).
+unsafe impl Send for Mpi {}
+
+impl Mpi {
+    pub(crate) fn new(comm: SimpleCommunicator, persistent: bool) -> Self {
+        Mpi {
+            comm,
+            persistent,
+            by_root: Vec::new(),
+            buf: Box::default(),
+            leak: false,
+        }
+    }
+
+    /// The prepared broadcast from `root` for slabs of `len` bytes, made on first use.
+    fn persistent_for(&mut self, root: usize, len: usize) -> Result<Option<&mut Persistent>> {
+        if !self.persistent || root >= MAX_PERSISTENT_ROOTS {
+            return Ok(None);
+        }
+        if self.by_root.len() <= root {
+            self.by_root.resize_with(root + 1, || None);
+        }
+        if self.by_root[root].is_none() {
+            match Persistent::new(&self.comm, root, len)? {
+                Some(p) => self.by_root[root] = Some(p),
+                None => {
+                    self.persistent = false;
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(self.by_root[root].as_mut())
+    }
+}
+
+impl SlabTransport for Mpi {
+    fn broadcast_slab(
+        &mut self,
+        round: &Round,
+        slab: &mut [u8],
+        sent: Option<usize>,
+    ) -> Result<()> {
+        // The root's data; elsewhere the whole slab, whose header the round zeroed, so no
+        // earlier round's header is left in MPI's buffer.
+        let n = sent.unwrap_or(slab.len());
+        let len = slab.len();
+        if let Some(p) = self.persistent_for(round.root, len)? {
+            let done = p.round(round.deadline, slab, n);
+            return match done {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    self.leak = true;
+                    Err(round.timed_out())
+                }
+                Err(e) => {
+                    self.leak = true;
+                    Err(e)
+                }
+            };
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.len() != len {
+            buf = vec![0u8; len].into_boxed_slice();
+        }
+        buf[..n].copy_from_slice(&slab[..n]);
+        let Some(buf) = ibcast(&self.comm, round.root, buf, round.deadline)? else {
+            self.leak = true;
+            return Err(round.timed_out());
+        };
+        slab.copy_from_slice(&buf);
+        self.buf = buf;
+        Ok(())
+    }
+
+    fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
+        let Some(buf) = ibcast(&self.comm, round.root, rest.into(), round.deadline)? else {
+            self.leak = true;
+            return Err(round.timed_out());
+        };
+        rest.copy_from_slice(&buf);
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        self.leak = true;
+    }
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        if self.leak {
+            for p in self.by_root.drain(..).flatten() {
+                p.leak();
+            }
+        }
+    }
+}
