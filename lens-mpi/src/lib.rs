@@ -90,6 +90,7 @@ const VARS: SlabVars = SlabVars {
 pub struct MpiBroadcaster {
     group: SlabGroup<Mpi>,
     only_thread: Option<ThreadId>,
+    persistent: bool,
 }
 
 impl std::fmt::Debug for MpiBroadcaster {
@@ -190,11 +191,12 @@ impl MpiBroadcasterBuilder {
             usize::try_from(rank).unwrap_or_default(),
             usize::try_from(size).unwrap_or(1),
         );
-        let persistent = self.persistent.map_err(Error::config)?;
+        let persistent = self.persistent.map_err(Error::config)? && request::has_bcast_init();
         let transport = Mpi::new(self.comm, persistent);
         Ok(MpiBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
+            persistent,
         })
     }
 }
@@ -215,6 +217,13 @@ impl MpiBroadcaster {
             opts: SlabOptions::default(),
             persistent: Ok(true),
         }
+    }
+
+    /// Whether slab rounds restart a persistent broadcast prepared once per root (asked for,
+    /// and the MPI library has `MPI_Bcast_init` or `MPIX_Bcast_init`), rather than start an
+    /// `MPI_Ibcast` each round.
+    pub fn persistent_broadcasts(&self) -> bool {
+        self.persistent
     }
 
     /// The slab size in bytes, header included.

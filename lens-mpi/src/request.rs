@@ -37,6 +37,10 @@ type BcastInit = unsafe extern "C" fn(
 
 /// The library's persistent broadcast, looked up once in the running process (a
 /// link-time reference would not build against an MPI without it).
+pub(crate) fn has_bcast_init() -> bool {
+    bcast_init().is_some()
+}
+
 fn bcast_init() -> Option<BcastInit> {
     static FOUND: OnceLock<Option<BcastInit>> = OnceLock::new();
     *FOUND.get_or_init(|| {
