@@ -47,6 +47,37 @@ pub(crate) fn json_plain(bytes: &[u8]) -> bool {
     )
 }
 
+/// The length of the plain string (as [`json_plain`]) that `bytes` start with, when a `"`
+/// ends it; `None` when a byte that is not plain comes first, or no `"` does. One pass, a
+/// word at a time: carrier strings are short, and a search for the quote followed by a
+/// second scan of what it passed cost twice as much.
+pub(crate) fn plain_prefix_to_quote(bytes: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(c) = bytes.get(i..i + 8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w);
+        let plain = x & HI == 0
+            && !has_less(x, 0x20)
+            && !has_byte(x, 0x7f)
+            && !has_byte(x, b'"')
+            && !has_byte(x, b'\\');
+        if !plain {
+            break;
+        }
+        i += 8;
+    }
+    for (j, &b) in bytes.get(i..)?.iter().enumerate() {
+        if b == b'"' {
+            return Some(i + j);
+        }
+        if !(0x20..0x7f).contains(&b) || b == b'\\' {
+            return None;
+        }
+    }
+    None
+}
+
 /// No byte is a control character or `\`: a JSON string body that needs no unescaping.
 pub(crate) fn json_unescaped(bytes: &[u8]) -> bool {
     all(
@@ -81,6 +112,32 @@ pub(crate) fn baggage_plain(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass quote search agrees with "find the first quote, then check what came
+    /// before it", for a bad byte and a quote at every position of words and leftovers.
+    #[test]
+    fn plain_prefix_to_quote_agrees_with_two_passes() {
+        let reference = |s: &[u8]| {
+            let end = s.iter().position(|&b| b == b'"')?;
+            json_plain(&s[..end]).then_some(end)
+        };
+        for len in [0usize, 1, 7, 8, 9, 16, 17, 30] {
+            for quote in 0..=len {
+                for bad_at in 0..=len {
+                    for bad in [0x00u8, 0x1f, 0x7f, 0x80, 0xff, b'\\', b'a'] {
+                        let mut s = vec![b'x'; len];
+                        if bad_at < len {
+                            s[bad_at] = bad;
+                        }
+                        if quote < len {
+                            s[quote] = b'"';
+                        }
+                        assert_eq!(plain_prefix_to_quote(&s), reference(&s), "{s:?}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The word-at-a-time checks agree with the byte-at-a-time ones, for every byte value
     /// in every position of a word and in the leftover.

@@ -116,7 +116,13 @@ fn decode_lower_hex(
 /// # Errors
 /// A [`TraceParentError`] naming the first rule broken.
 pub fn parse_traceparent(header: &str) -> Result<TraceParent, TraceParentError> {
-    let h = header.trim_matches(OWS).as_bytes();
+    let padded = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    let bytes = header.as_bytes();
+    let h = if padded(bytes.first()) || padded(bytes.last()) {
+        header.trim_matches(OWS).as_bytes()
+    } else {
+        bytes
+    };
     if h.len() < 55 {
         return Err(TraceParentError::TooShort(h.len()));
     }

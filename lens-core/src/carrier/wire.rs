@@ -96,9 +96,9 @@ fn plain_string(b: &[u8], at: usize) -> Option<(u32, u32)> {
         return None;
     }
     let start = at + 1;
-    let len = memchr::memchr(b'"', b.get(start..)?)?;
+    let len = scan::plain_prefix_to_quote(b.get(start..)?)?;
     let end = start + len;
-    scan::json_plain(&b[start..end]).then_some((start as u32, end as u32))
+    Some((start as u32, end as u32))
 }
 
 /// Writes a canonical carrier entry by entry.
