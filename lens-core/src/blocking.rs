@@ -30,7 +30,10 @@ use crate::error::Result;
 /// # Errors
 /// As the backend's `broadcast`.
 pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-    futures::executor::block_on(b.broadcast(root, payload))
+    match b.broadcast_sync(root, payload) {
+        Some(done) => done,
+        None => futures::executor::block_on(b.broadcast(root, payload)),
+    }
 }
 
 /// Blocking [`crate::broadcast_trace_context`]; the source injects this thread's current

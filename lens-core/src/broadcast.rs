@@ -4,7 +4,7 @@ use std::future::Future;
 
 use opentelemetry::Context;
 
-use crate::broadcaster::Broadcaster;
+use crate::broadcaster::{Broadcaster, round};
 use crate::carrier::w3c::parse_traceparent;
 use crate::carrier::{Carrier, TRACEPARENT};
 use crate::error::{Error, Result};
@@ -120,7 +120,7 @@ fn check_root(b: &dyn Broadcaster, src_rank: usize) -> Result<()> {
 /// An empty payload is never a carrier ("{}" is the smallest): it tells the other ranks that
 /// the source failed, so they return at once instead of timing out.
 async fn fail_source(b: &dyn Broadcaster, src_rank: usize) {
-    if let Err(e) = b.broadcast(src_rank, Some(&[])).await {
+    if let Err(e) = round(b, src_rank, Some(&[])).await {
         tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
     }
 }
@@ -137,7 +137,7 @@ async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<
             limit,
         });
     }
-    b.broadcast(src_rank, Some(&bytes)).await?;
+    round(b, src_rank, Some(&bytes)).await?;
     let valid = carrier.get(TRACEPARENT).is_some();
     Ok(valid.then(|| carrier.with_source_rank(src_rank)))
 }
@@ -162,7 +162,7 @@ async fn broadcast_impl(
 
 /// Every other rank's half of a round.
 async fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
-    let bytes = b.broadcast(src_rank, None).await?;
+    let bytes = round(b, src_rank, None).await?;
     if bytes.is_empty() {
         return Err(Error::SourceFailed { root: src_rank });
     }

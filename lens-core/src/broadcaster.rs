@@ -55,6 +55,29 @@ pub trait Broadcaster: Send + Sync {
 
     /// Collective: broadcasts `payload` from `root` to every rank of the group.
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>>;
+
+    /// The same round as [`Broadcaster::broadcast`], run on the calling thread with no
+    /// future, for backends whose broadcast blocks anyway (MPI, NCCL): lens's trace-context
+    /// broadcasts and [`crate::blocking`] try it first, which spares a boxed future per round
+    /// (a tenth of a 2-rank MPI round). `None`, the default, means no such path: callers then
+    /// use `broadcast`. A backend that returns `Some` must behave exactly as `broadcast`.
+    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
+        let _ = (root, payload);
+        None
+    }
+}
+
+/// One round through [`Broadcaster::broadcast_sync`] where the backend has it, else
+/// [`Broadcaster::broadcast`].
+pub(crate) async fn round(
+    b: &dyn Broadcaster,
+    root: usize,
+    payload: Option<&[u8]>,
+) -> Result<Vec<u8>> {
+    match b.broadcast_sync(root, payload) {
+        Some(done) => done,
+        None => b.broadcast(root, payload).await,
+    }
 }
 
 /// Longest deadline any lens backend accepts (one year). Deadlines are added to the clock,
@@ -112,6 +135,13 @@ macro_rules! forward_broadcaster {
             }
             async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
                 (**self).broadcast(root, payload).await
+            }
+            fn broadcast_sync(
+                &self,
+                root: usize,
+                payload: Option<&[u8]>,
+            ) -> Option<Result<Vec<u8>>> {
+                (**self).broadcast_sync(root, payload)
             }
         }
     )*};

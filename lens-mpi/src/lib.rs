@@ -264,4 +264,11 @@ impl Broadcaster for MpiBroadcaster {
         self.check_thread()?;
         self.group.broadcast_blocking(root, payload)
     }
+
+    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
+        Some(
+            self.check_thread()
+                .and_then(|()| self.group.broadcast_blocking(root, payload)),
+        )
+    }
 }

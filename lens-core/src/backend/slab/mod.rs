@@ -253,4 +253,8 @@ impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         self.broadcast_blocking(root, payload)
     }
+
+    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
+        Some(self.broadcast_blocking(root, payload))
+    }
 }
