@@ -67,3 +67,20 @@ def test_a_rank_with_the_wrong_key_never_gets_a_carrier(procs: Procs):
         assert g["stage"] == "join" and "error" in g, (r, g)
     assert got[1]["error"] == "AuthenticationError", got[1]
     assert "key" in got[1]["text"], got[1]
+
+
+def test_lens_tcp_addr_gives_the_group_its_own_port_beside_a_busy_master_port(procs: Procs):
+    """Under torchrun with torch.distributed initialised, torch's store holds MASTER_PORT:
+    LENS_TCP_ADDR moves lens's rendezvous elsewhere (the README says so)."""
+    import socket
+
+    world = 2
+    with socket.socket() as busy:  # stands in for torch's store on MASTER_PORT
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        master_port = busy.getsockname()[1]
+        lens_addr = f"127.0.0.1:{free_port()}"
+        for r in range(world):
+            procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, master_port, LENS_TCP_ADDR=lens_addr))
+        got = [last_json(text) for _, text in procs.wait_all(60)]
+    assert all(g.get("carrier") for g in got), got
