@@ -119,23 +119,28 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
     }
 }
 
+/// The value of [`env::PERSISTENT`]: on unless it says off.
+fn persistent_from(value: Option<&str>) -> std::result::Result<bool, String> {
+    let Some(v) = value else {
+        return Ok(true);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(format!(
+            "{} must be 0 or 1 (or true/false), not {other:?}",
+            env::PERSISTENT
+        )),
+    }
+}
+
 impl MpiBroadcasterBuilder {
     /// A builder for `comm` that starts from the environment: [`env::SLAB_SIZE`],
     /// [`env::TIMEOUT`] and [`env::MAX_PAYLOAD`] where set, the defaults elsewhere. A value
     /// that does not parse is reported by [`MpiBroadcasterBuilder::build`] unless code sets
     /// that field.
     pub fn from_env(comm: SimpleCommunicator) -> Self {
-        let persistent = match std::env::var(env::PERSISTENT) {
-            Err(_) => Ok(true),
-            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => Ok(true),
-                "0" | "false" | "no" | "off" => Ok(false),
-                other => Err(format!(
-                    "{} must be 0 or 1 (or true/false), not {other:?}",
-                    env::PERSISTENT
-                )),
-            },
-        };
+        let persistent = persistent_from(std::env::var(env::PERSISTENT).ok().as_deref());
         MpiBroadcasterBuilder {
             comm,
             opts: SlabOptions::from_vars(&VARS, |k| std::env::var(k).ok()),
@@ -270,5 +275,31 @@ impl Broadcaster for MpiBroadcaster {
             self.check_thread()
                 .and_then(|()| self.group.broadcast_blocking(root, payload)),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::persistent_from;
+
+    #[test]
+    fn persistent_variable_values() {
+        let rows: [(Option<&str>, Option<bool>, &str); 7] = [
+            (None, Some(true), "unset: on"),
+            (Some("1"), Some(true), "1"),
+            (Some(" TRUE "), Some(true), "any case, spaces trimmed"),
+            (Some("0"), Some(false), "0"),
+            (Some("off"), Some(false), "off"),
+            (Some(""), None, "empty is an error, not a silent default"),
+            (Some("2"), None, "not a switch"),
+        ];
+        for (value, want, why) in rows {
+            assert_eq!(persistent_from(value).ok(), want, "{why}");
+        }
+        let err = persistent_from(Some("maybe")).expect_err("refused");
+        assert!(
+            err.contains("LENS_MPI_PERSISTENT") && err.contains("maybe"),
+            "{err}"
+        );
     }
 }

@@ -37,6 +37,7 @@ type BcastInit = unsafe extern "C" fn(
 
 /// The library's persistent broadcast, looked up once in the running process (a
 /// link-time reference would not build against an MPI without it).
+/// Whether the running MPI library has a persistent broadcast.
 pub(crate) fn has_bcast_init() -> bool {
     bcast_init().is_some()
 }
@@ -74,11 +75,17 @@ pub(crate) struct Persistent {
 }
 
 impl Persistent {
-    /// Prepares the broadcast of `len` bytes from `root` on `comm`; `None` when the library
-    /// has no persistent broadcast.
-    pub(crate) fn new(comm: &SimpleCommunicator, root: usize, len: usize) -> Result<Option<Self>> {
+    /// Prepares the broadcast of `len` bytes from `root` on `comm`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the library has no persistent broadcast (callers check
+    /// [`has_bcast_init`] first); the library's failure otherwise.
+    pub(crate) fn new(comm: &SimpleCommunicator, root: usize, len: usize) -> Result<Self> {
         let Some(init) = bcast_init() else {
-            return Ok(None);
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                reason: "the MPI library has neither MPI_Bcast_init nor MPIX_Bcast_init".into(),
+            });
         };
         let count = as_c_int(len, "slab size")?;
         let root = as_c_int(root, "root")?;
@@ -104,7 +111,7 @@ impl Persistent {
             drop(unsafe { Box::from_raw(buf) });
             return Err(mpi_error("MPI_Bcast_init", rc));
         }
-        Ok(Some(Persistent { request, buf }))
+        Ok(Persistent { request, buf })
     }
 
     /// One round on `slab` (as long as the buffer): its first `n` bytes go in (the root's

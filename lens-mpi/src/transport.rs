@@ -13,15 +13,15 @@ const MAX_PERSISTENT_ROOTS: usize = 64;
 
 /// A communicator, and the buffers MPI may keep.
 pub(crate) struct Mpi {
-    pub(crate) comm: SimpleCommunicator,
-    /// Whether to prepare persistent broadcasts (where the library has them).
-    pub(crate) persistent: bool,
-    /// The persistent slab broadcast of each root, made at its first round; `None` where
-    /// the library has none (then `persistent` is turned off).
+    comm: SimpleCommunicator,
+    /// Whether slab rounds use persistent broadcasts (asked for, and the library has them).
+    persistent: bool,
+    /// The persistent slab broadcast of each root, made at its first round.
     by_root: Vec<Option<Persistent>>,
     /// The slab as MPI sees it in the `MPI_Ibcast` path; leaked on a timeout.
     buf: Box<[u8]>,
-    /// A round did not finish: a request may still be active, so nothing is freed.
+    /// A round failed ([`SlabTransport::stop`]): a request may still be active, so none is
+    /// freed.
     leak: bool,
 }
 
@@ -32,6 +32,8 @@ pub(crate) struct Mpi {
 unsafe impl Send for Mpi {}
 
 impl Mpi {
+    /// `persistent` only where the library has a persistent broadcast
+    /// ([`crate::request::has_bcast_init`]).
     pub(crate) fn new(comm: SimpleCommunicator, persistent: bool) -> Self {
         Mpi {
             comm,
@@ -51,13 +53,7 @@ impl Mpi {
             self.by_root.resize_with(root + 1, || None);
         }
         if self.by_root[root].is_none() {
-            match Persistent::new(&self.comm, root, len)? {
-                Some(p) => self.by_root[root] = Some(p),
-                None => {
-                    self.persistent = false;
-                    return Ok(None);
-                }
-            }
+            self.by_root[root] = Some(Persistent::new(&self.comm, root, len)?);
         }
         Ok(self.by_root[root].as_mut())
     }
@@ -74,18 +70,12 @@ impl SlabTransport for Mpi {
         // earlier round's header is left in MPI's buffer.
         let n = sent.unwrap_or(slab.len());
         let len = slab.len();
+        // A failure returns an error, after which the slab group calls `stop`: then nothing
+        // MPI may still use is freed.
         if let Some(p) = self.persistent_for(round.root, len)? {
-            let done = p.round(round.deadline, slab, n);
-            return match done {
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    self.leak = true;
-                    Err(round.timed_out())
-                }
-                Err(e) => {
-                    self.leak = true;
-                    Err(e)
-                }
+            return match p.round(round.deadline, slab, n)? {
+                true => Ok(()),
+                false => Err(round.timed_out()),
             };
         }
         let mut buf = std::mem::take(&mut self.buf);
@@ -94,7 +84,6 @@ impl SlabTransport for Mpi {
         }
         buf[..n].copy_from_slice(&slab[..n]);
         let Some(buf) = ibcast(&self.comm, round.root, buf, round.deadline)? else {
-            self.leak = true;
             return Err(round.timed_out());
         };
         slab.copy_from_slice(&buf);
@@ -104,7 +93,6 @@ impl SlabTransport for Mpi {
 
     fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
         let Some(buf) = ibcast(&self.comm, round.root, rest.into(), round.deadline)? else {
-            self.leak = true;
             return Err(round.timed_out());
         };
         rest.copy_from_slice(&buf);

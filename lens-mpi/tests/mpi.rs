@@ -64,6 +64,7 @@ fn parent() {
             // Read by `settings_from_the_environment` (the others build from code).
             .env(lens_mpi::env::SLAB_SIZE, "64")
             .env(lens_mpi::env::MAX_PAYLOAD, "1000")
+            .env(lens_mpi::env::PERSISTENT, "0")
             .stdin(Stdio::null());
         let done = Supervised::spawn(&mut cmd, DEADLINE)
             .expect("start mpirun")
@@ -206,6 +207,7 @@ fn rank_main(case: &str) {
                 "build",
             );
             assert_eq!((b.slab_size(), b.max_payload()), (64, 1000));
+            assert!(!b.persistent_broadcasts(), "LENS_MPI_PERSISTENT=0 was read");
             // Over the 48-byte capacity: the remainder travels in a second collective.
             let want = pattern(0, 0, 900);
             let got = check(
@@ -217,10 +219,12 @@ fn rank_main(case: &str) {
             let b = check(
                 MpiBroadcasterBuilder::from_env(world.duplicate())
                     .slab_size(256)
+                    .persistent(true)
                     .build(),
                 "build",
             );
             assert_eq!(b.slab_size(), 256);
+            assert!(b.persistent_broadcasts());
         }
         "skipped_call_times_out" => {
             let b = check(

@@ -215,11 +215,7 @@ pub(crate) fn tcp_group(
 /// thread. A round that some rank misses fails after `timeout` seconds (default 30).
 #[pyfunction]
 #[pyo3(signature = (world_size, *, timeout=None))]
-pub(crate) fn local_cluster(
-    py: Python<'_>,
-    world_size: usize,
-    timeout: Option<f64>,
-) -> PyResult<Vec<Group>> {
+pub(crate) fn local_cluster(world_size: usize, timeout: Option<f64>) -> PyResult<Vec<Group>> {
     if world_size == 0 {
         return Err(PyValueError::new_err("a cluster needs at least one rank"));
     }
@@ -227,7 +223,6 @@ pub(crate) fn local_cluster(
         .map(|t| seconds("timeout", t))
         .transpose()?
         .unwrap_or(lens_core::backend::slab::DEFAULT_TIMEOUT);
-    let _ = py;
     Ok(LocalCluster::new(world_size)
         .timeout(timeout)
         .broadcasters()

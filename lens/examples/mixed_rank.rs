@@ -51,7 +51,7 @@ fn parse() -> Result<Args, String> {
     })
 }
 
-fn hex_link(span: &SpanData) -> Vec<serde_json::Value> {
+fn links_json(span: &SpanData) -> Vec<serde_json::Value> {
     span.links
         .iter()
         .map(|l| {
@@ -108,17 +108,20 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .attributes
             .iter()
             .find(|kv| kv.key.as_str() == "nv.dl.step")
-            .map(|kv| kv.value.to_string());
+            .and_then(|kv| match kv.value {
+                opentelemetry::Value::I64(s) => Some(s),
+                _ => None,
+            });
         let parent = span.parent_span_id;
         let line = serde_json::json!({
             "rank": rank,
             "lang": "rust",
             "name": span.name,
-            "step": step.and_then(|s| s.parse::<i64>().ok()),
+            "step": step,
             "trace_id": span.span_context.trace_id().to_string(),
             "span_id": span.span_context.span_id().to_string(),
             "parent_span_id": (parent != opentelemetry::trace::SpanId::INVALID).then(|| parent.to_string()),
-            "links": hex_link(&span),
+            "links": links_json(&span),
         });
         writeln!(file, "{line}")?;
     }

@@ -47,17 +47,17 @@ class RankIdGenerator(IdGenerator):
     def _reseed(self) -> None:
         self._rng.seed(os.urandom(32))
 
-    def generate_span_id(self) -> int:
+    def _nonzero(self, bits: int) -> int:
         while True:
-            v = self._rng.getrandbits(64)
-            if v:  # zero is the invalid span id
+            v = self._rng.getrandbits(bits)
+            if v:  # zero is the invalid id
                 return v
 
+    def generate_span_id(self) -> int:
+        return self._nonzero(64)
+
     def generate_trace_id(self) -> int:
-        while True:
-            v = self._rng.getrandbits(128)
-            if v:
-                return v
+        return self._nonzero(128)
 
 
 def rank_resource(
