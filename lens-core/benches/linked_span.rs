@@ -1,11 +1,13 @@
-//! `create_linked_span` against a plain SDK span with the same attributes (and a link built
-//! by hand), on the same tracer.
+//! `create_linked_span` against SDK spans on the same tracer: with the same attributes and
+//! no link, with a bare link, and made by hand as lens makes it (the remote as parent, the
+//! link with lens's two attributes).
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use lens_core::link::attributes;
 use lens_core::{Carrier, create_linked_span};
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
@@ -50,6 +52,26 @@ fn bench(c: &mut Criterion) {
                 .with_attributes(attrs())
                 .with_links(vec![Link::with_context(black_box(&sc).clone())]);
             drop(tracer.build(black_box(builder)));
+        })
+    });
+    // The span create_linked_span makes, made by hand with the SDK: the remote as parent,
+    // the same attributes, and the link with the same two attributes.
+    g.bench_function("sdk_span_as_lens_makes_it", |b| {
+        b.iter(|| {
+            let parent = Context::new().with_remote_span_context(black_box(&sc).clone());
+            let link = Link::new(
+                sc.clone(),
+                vec![
+                    KeyValue::new(attributes::LINK_SOURCE_RANK, 0),
+                    KeyValue::new(attributes::LINK_SOURCE, attributes::SOURCE_BROADCAST),
+                ],
+                0,
+            );
+            let builder = tracer
+                .span_builder("pp.recv_forward.linked")
+                .with_attributes(attrs())
+                .with_links(vec![link]);
+            drop(tracer.build_with_context(builder, &parent));
         })
     });
     g.bench_function("create_linked_span", |b| {

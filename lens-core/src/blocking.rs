@@ -21,6 +21,9 @@
 
 use opentelemetry::Context;
 
+use crate::broadcast::{
+    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, sent, source_not_told,
+};
 use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
 use crate::error::Result;
@@ -42,7 +45,11 @@ pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Re
 /// # Errors
 /// As [`crate::broadcast_trace_context`].
 pub fn broadcast_trace_context(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
-    futures::executor::block_on(crate::broadcast_trace_context(b, src_rank))
+    check_root(b, src_rank)?;
+    if b.rank() != src_rank {
+        return receive(b, src_rank);
+    }
+    send(b, src_rank, Carrier::from_context(&Context::current()))
 }
 
 /// Blocking [`crate::broadcast_context`].
@@ -54,7 +61,11 @@ pub fn broadcast_context(
     src_rank: usize,
     cx: &Context,
 ) -> Result<Option<Carrier>> {
-    futures::executor::block_on(crate::broadcast_context(b, src_rank, cx))
+    check_root(b, src_rank)?;
+    if b.rank() != src_rank {
+        return receive(b, src_rank);
+    }
+    send(b, src_rank, Carrier::from_context(cx))
 }
 
 /// Blocking [`crate::broadcast_carrier`].
@@ -66,5 +77,42 @@ pub fn broadcast_carrier(
     src_rank: usize,
     carrier: Option<&Carrier>,
 ) -> Result<Option<Carrier>> {
-    futures::executor::block_on(crate::broadcast_carrier(b, src_rank, carrier))
+    check_root(b, src_rank)?;
+    if b.rank() != src_rank {
+        return receive(b, src_rank);
+    }
+    match foreign_carrier(carrier) {
+        Ok(carrier) => send(b, src_rank, carrier),
+        Err(e) => {
+            fail_source(b, src_rank);
+            Err(e)
+        }
+    }
+}
+
+// The same steps as the async functions' (`broadcast.rs`), each round through `broadcast`:
+// no future at all where the backend has `broadcast_sync`, which a round of the blocking
+// backends (MPI, NCCL) measured ~80 ns cheaper than driving the async functions.
+
+fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+    let bytes = match outgoing(b, &carrier) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            fail_source(b, src_rank);
+            return Err(e);
+        }
+    };
+    broadcast(b, src_rank, Some(&bytes))?;
+    drop(bytes);
+    Ok(sent(carrier, src_rank))
+}
+
+fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
+    received(broadcast(b, src_rank, None)?, src_rank)
+}
+
+fn fail_source(b: &dyn Broadcaster, src_rank: usize) {
+    if let Err(e) = broadcast(b, src_rank, Some(SOURCE_FAILED)) {
+        source_not_told(&e);
+    }
 }

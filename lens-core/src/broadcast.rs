@@ -1,5 +1,6 @@
 //! Broadcasting one rank's trace context to every rank.
 
+use std::borrow::Cow;
 use std::future::Future;
 
 use opentelemetry::Context;
@@ -92,21 +93,66 @@ pub async fn broadcast_carrier(
 ) -> Result<Option<Carrier>> {
     check_root(b, src_rank)?;
     if b.rank() != src_rank {
-        return receive(b, src_rank).await;
+        return received(round(b, src_rank, None).await?, src_rank);
     }
-    let carrier = carrier.cloned().unwrap_or_default();
-    if let Some(tp) = carrier.get(TRACEPARENT)
-        && let Err(e) = parse_traceparent(tp)
-    {
-        fail_source(b, src_rank).await;
-        return Err(Error::config(format!(
-            "the source's carrier has an invalid traceparent {tp:?}: {e}"
-        )));
+    match foreign_carrier(carrier) {
+        Ok(carrier) => send(b, src_rank, carrier).await,
+        Err(e) => {
+            fail_source(b, src_rank).await;
+            Err(e)
+        }
     }
-    send(b, src_rank, carrier).await
 }
 
-fn check_root(b: &dyn Broadcaster, src_rank: usize) -> Result<()> {
+async fn broadcast_impl(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    cx: Option<&Context>,
+) -> Result<Option<Carrier>> {
+    check_root(b, src_rank)?;
+    if b.rank() == src_rank {
+        let carrier = match cx {
+            Some(cx) => Carrier::from_context(cx),
+            None => Carrier::from_context(&Context::current()),
+        };
+        send(b, src_rank, carrier).await
+    } else {
+        received(round(b, src_rank, None).await?, src_rank)
+    }
+}
+
+/// The source's half of a round.
+async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+    let bytes = match outgoing(b, &carrier) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            fail_source(b, src_rank).await;
+            return Err(e);
+        }
+    };
+    round(b, src_rank, Some(&bytes)).await?;
+    drop(bytes);
+    Ok(sent(carrier, src_rank))
+}
+
+async fn fail_source(b: &dyn Broadcaster, src_rank: usize) {
+    if let Err(e) = round(b, src_rank, Some(SOURCE_FAILED)).await {
+        source_not_told(&e);
+    }
+}
+
+// The steps of a round that do not touch the transport, shared by the async functions above
+// and their blocking twins in `blocking.rs`.
+
+/// What the source sends when it cannot send its carrier. An empty payload is never a
+/// carrier ("{}" is the smallest): the other ranks return at once instead of timing out.
+pub(crate) const SOURCE_FAILED: &[u8] = &[];
+
+pub(crate) fn source_not_told(e: &Error) {
+    tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
+}
+
+pub(crate) fn check_root(b: &dyn Broadcaster, src_rank: usize) -> Result<()> {
     let world_size = b.world_size();
     if src_rank >= world_size {
         return Err(Error::InvalidRoot {
@@ -117,58 +163,50 @@ fn check_root(b: &dyn Broadcaster, src_rank: usize) -> Result<()> {
     Ok(())
 }
 
-/// An empty payload is never a carrier ("{}" is the smallest): it tells the other ranks that
-/// the source failed, so they return at once instead of timing out.
-async fn fail_source(b: &dyn Broadcaster, src_rank: usize) {
-    if let Err(e) = round(b, src_rank, Some(&[])).await {
-        tracing::warn!(error = %e, "could not tell the other ranks that the source failed");
+/// A carrier made elsewhere, checked before it is sent (`None` is an empty carrier).
+pub(crate) fn foreign_carrier(carrier: Option<&Carrier>) -> Result<Carrier> {
+    let carrier = carrier.cloned().unwrap_or_default();
+    if let Some(tp) = carrier.get(TRACEPARENT)
+        && let Err(e) = parse_traceparent(tp)
+    {
+        return Err(Error::config(format!(
+            "the source's carrier has an invalid traceparent {tp:?}: {e}"
+        )));
     }
+    Ok(carrier)
 }
 
-/// The source's half of a round: `carrier` sent, and returned when it holds a span context
-/// (its traceparent, when present, is valid).
-async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+/// The bytes the source sends for `carrier`, or why it cannot (the others must then be told
+/// with [`SOURCE_FAILED`]).
+pub(crate) fn outgoing<'c>(b: &dyn Broadcaster, carrier: &'c Carrier) -> Result<Cow<'c, [u8]>> {
     let bytes = carrier.to_bytes();
     let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
     if bytes.len() > limit {
-        fail_source(b, src_rank).await;
         return Err(Error::PayloadTooLarge {
             len: bytes.len(),
             limit,
         });
     }
-    round(b, src_rank, Some(&bytes)).await?;
+    Ok(bytes)
+}
+
+/// What the source returns once its carrier went out: the carrier when it holds a span
+/// context (its traceparent, when present, is valid: `from_context` writes only valid ones,
+/// and [`foreign_carrier`] checks the others).
+pub(crate) fn sent(carrier: Carrier, src_rank: usize) -> Option<Carrier> {
     let valid = carrier.get(TRACEPARENT).is_some();
-    Ok(valid.then(|| carrier.with_source_rank(src_rank)))
+    valid.then(|| carrier.with_source_rank(src_rank))
 }
 
-async fn broadcast_impl(
-    b: &dyn Broadcaster,
-    src_rank: usize,
-    cx: Option<&Context>,
-) -> Result<Option<Carrier>> {
-    check_root(b, src_rank)?;
-    if b.rank() == src_rank {
-        // `from_context` writes a traceparent exactly when the span context is valid.
-        let carrier = match cx {
-            Some(cx) => Carrier::from_context(cx),
-            None => Carrier::from_context(&Context::current()),
-        };
-        send(b, src_rank, carrier).await
-    } else {
-        receive(b, src_rank).await
-    }
-}
-
-/// Every other rank's half of a round.
-async fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
-    let bytes = round(b, src_rank, None).await?;
+/// What another rank returns for the round's bytes.
+pub(crate) fn received(bytes: Vec<u8>, src_rank: usize) -> Result<Option<Carrier>> {
     if bytes.is_empty() {
         return Err(Error::SourceFailed { root: src_rank });
     }
     let carrier = Carrier::decode_vec(bytes, Carrier::DEFAULT_MAX_LEN)?;
     match carrier.get(TRACEPARENT) {
         None => Ok(None),
+        // Checked, not kept: the span context is parsed when a span first links to it.
         Some(tp) if parse_traceparent(tp).is_ok() => Ok(Some(carrier.with_source_rank(src_rank))),
         // The source only ever sends a valid traceparent, so this one was damaged.
         Some(tp) => Err(Error::Corrupt {

@@ -159,3 +159,141 @@ fn bad_options_and_ranks_are_refused() {
     );
     assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
 }
+
+/// What the source starts from in a case of `the_blocking_twins_agree_with_the_async_functions`.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Context(&'a opentelemetry::Context),
+    Carrier(&'a lens_core::Carrier),
+    Current(&'a opentelemetry::Context),
+}
+
+fn run_case(b: &dyn Broadcaster, src: usize, input: Input<'_>, blocking_twin: bool) -> String {
+    use lens_core::Carrier;
+    let mine = b.rank() == src;
+    let got: lens_core::Result<Option<Carrier>> = match (input, blocking_twin) {
+        (Input::Context(cx), true) => blocking::broadcast_context(b, src, cx),
+        (Input::Context(cx), false) => {
+            futures::executor::block_on(lens_core::broadcast_context(b, src, cx))
+        }
+        (Input::Carrier(c), true) => blocking::broadcast_carrier(b, src, mine.then_some(c)),
+        (Input::Carrier(c), false) => {
+            futures::executor::block_on(lens_core::broadcast_carrier(b, src, mine.then_some(c)))
+        }
+        (Input::Current(cx), twin) => {
+            let _g = mine.then(|| cx.clone().attach());
+            if twin {
+                blocking::broadcast_trace_context(b, src)
+            } else {
+                futures::executor::block_on(lens_core::broadcast_trace_context(b, src))
+            }
+        }
+    };
+    // In a few words: the trace id and source rank, or the error.
+    match got {
+        Ok(Some(c)) => format!(
+            "{} from {:?}",
+            c.span_context()
+                .map_or("no span".into(), |s| s.trace_id().to_string()),
+            c.source_rank()
+        ),
+        Ok(None) => "none".into(),
+        Err(Error::InvalidRoot { root, .. }) => format!("invalid root {root}"),
+        Err(Error::PayloadTooLarge { .. }) => "too large".into(),
+        Err(Error::SourceFailed { root }) => format!("source {root} failed"),
+        Err(Error::Config { .. }) => "config".into(),
+        Err(e) => format!("other: {e}"),
+    }
+}
+
+/// The blocking twins run their own code where the backend has `broadcast_sync` (as the
+/// slab group does): in every case each rank gets what the async functions give it, and no
+/// case leaves the ranks out of step.
+#[test]
+fn the_blocking_twins_agree_with_the_async_functions() {
+    use lens_core::Carrier;
+    use lens_core::carrier::TRACEPARENT;
+    use opentelemetry::baggage::BaggageExt;
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+    use opentelemetry::{Context, KeyValue};
+
+    let cx = Context::new().with_remote_span_context(SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+        SpanId::from_hex("00f067aa0ba902b7").expect("hex"),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::NONE,
+    ));
+    // Over the group's 300-byte payload limit (the SDK keeps baggage under 8 KiB, so the
+    // codec's own 16 KiB limit cannot be reached from a context).
+    let huge = cx.with_baggage([KeyValue::new("big", "x".repeat(400))]);
+    let mut bad = Carrier::new();
+    bad.insert(TRACEPARENT, "00-not-a-traceparent");
+    let good = Carrier::from_context(&cx);
+    let empty = Context::new();
+    let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let all = |s: String| [s.clone(), s.clone(), s];
+    // (why, source rank, what it starts from, what ranks 0, 1 and 2 get)
+    let rows: Vec<(&str, usize, Input<'_>, [String; 3])> = vec![
+        (
+            "a span context",
+            1,
+            Input::Context(&cx),
+            all(format!("{id} from Some(1)")),
+        ),
+        (
+            "no span context",
+            0,
+            Input::Context(&empty),
+            all("none".into()),
+        ),
+        (
+            "a root outside the group",
+            3,
+            Input::Context(&cx),
+            all("invalid root 3".into()),
+        ),
+        (
+            "a carrier over the limit: the others are told",
+            2,
+            Input::Context(&huge),
+            [
+                "source 2 failed".into(),
+                "source 2 failed".into(),
+                "too large".into(),
+            ],
+        ),
+        (
+            "a foreign carrier with a bad traceparent: the others are told",
+            0,
+            Input::Carrier(&bad),
+            [
+                "config".into(),
+                "source 0 failed".into(),
+                "source 0 failed".into(),
+            ],
+        ),
+        (
+            "a foreign carrier",
+            2,
+            Input::Carrier(&good),
+            all(format!("{id} from Some(2)")),
+        ),
+        (
+            "the source's current context",
+            0,
+            Input::Current(&cx),
+            all(format!("{id} from Some(0)")),
+        ),
+    ];
+    let (ranks, stops) = group(3, &SlabOptions::default().max_payload(300), &[]);
+    for twin in [true, false] {
+        for (why, src, input, want) in &rows {
+            let got = lens_testkit::on_each_rank(&ranks, |b| run_case(b, *src, *input, twin));
+            assert_eq!(&got[..], &want[..], "{why} (blocking twin: {twin})");
+        }
+    }
+    assert_eq!(stops.load(Ordering::SeqCst), 0, "no round failed");
+}

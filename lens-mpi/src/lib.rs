@@ -190,8 +190,8 @@ impl MpiBroadcasterBuilder {
     /// parse.
     pub fn build(self) -> Result<MpiBroadcaster> {
         let (rank, size) = (self.comm.rank(), self.comm.size());
-        let only_thread = (mpi::environment::threading_support() < Threading::Serialized)
-            .then(|| std::thread::current().id());
+        let only_thread =
+            (mpi::environment::threading_support() < Threading::Serialized).then(this_thread);
         let me = (
             usize::try_from(rank).unwrap_or_default(),
             usize::try_from(size).unwrap_or(1),
@@ -243,12 +243,21 @@ impl MpiBroadcaster {
 
     fn check_thread(&self) -> Result<()> {
         match self.only_thread {
-            Some(t) if t != std::thread::current().id() => Err(Error::config(
+            Some(t) if t != this_thread() => Err(Error::config(
                 "MPI was initialised below Threading::Serialized: call from the thread that created the broadcaster",
             )),
             _ => Ok(()),
         }
     }
+}
+
+/// This thread's id, kept per thread: `std::thread::current()` clones a handle each call,
+/// and the check runs every round.
+fn this_thread() -> ThreadId {
+    thread_local! {
+        static ID: ThreadId = std::thread::current().id();
+    }
+    ID.with(|id| *id)
 }
 
 #[async_trait::async_trait]

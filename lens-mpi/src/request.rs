@@ -13,6 +13,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use lens_core::backend::slab::Round;
 use lens_core::{Error, Result};
 use mpi::ffi;
 use mpi::raw::AsRaw;
@@ -119,7 +120,7 @@ impl Persistent {
     /// and the result comes back into `slab`. `Ok(false)` on a timeout, after which the
     /// request may still be active: the caller must then never free it
     /// ([`Persistent::leak`]).
-    pub(crate) fn round(&mut self, deadline: Instant, slab: &mut [u8], n: usize) -> Result<bool> {
+    pub(crate) fn round(&mut self, round: &Round, slab: &mut [u8], n: usize) -> Result<bool> {
         // SAFETY: the request is inactive here (every earlier round completed, or the
         // transport refuses rounds after one did not), so MPI does not touch the buffer.
         let buf = unsafe { &mut *self.buf };
@@ -136,7 +137,7 @@ impl Persistent {
         if rc != 0 {
             return Err(mpi_error("MPI_Start", rc));
         }
-        if !wait(&mut self.request, deadline)? {
+        if !wait(&mut self.request, round)? {
             return Ok(false);
         }
         // SAFETY: the round completed, so MPI no longer writes the buffer.
@@ -172,7 +173,7 @@ pub(crate) fn ibcast(
     comm: &SimpleCommunicator,
     root: usize,
     buf: Box<[u8]>,
-    deadline: Instant,
+    round: &Round,
 ) -> Result<Option<Box<[u8]>>> {
     let count = as_c_int(buf.len(), "buffer of")?;
     let root = as_c_int(root, "root")?;
@@ -197,7 +198,7 @@ pub(crate) fn ibcast(
         drop(unsafe { Box::from_raw(ptr) });
         return Err(mpi_error("MPI_Ibcast", rc));
     }
-    if wait(&mut request, deadline)? {
+    if wait(&mut request, round)? {
         // SAFETY: the request completed, so MPI no longer uses the buffer.
         Ok(Some(unsafe { Box::from_raw(ptr) }))
     } else {
@@ -210,9 +211,8 @@ pub(crate) fn ibcast(
 /// clock at each one was a tenth of a round's time.
 const TESTS_PER_CLOCK: u32 = 32;
 
-/// Tests `request` until it completes (`true`) or `deadline` passes (`false`).
-fn wait(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<bool> {
-    let mut started = None;
+/// Tests `request` until it completes (`true`) or the round's deadline passes (`false`).
+fn wait(request: &mut ffi::MPI_Request, round: &Round) -> Result<bool> {
     let mut tests = 0u32;
     loop {
         let mut flag: c_int = 0;
@@ -229,13 +229,12 @@ fn wait(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<bool> {
             continue;
         }
         let now = Instant::now();
-        let started = *started.get_or_insert(now);
-        if now >= deadline {
+        if round.expired_at(now) {
             return Ok(false);
         }
         // Each test moves the collective on, so keep testing: yielding between tests was
         // measured slower, even with more ranks than cores.
-        if now - started > SPIN_FOR {
+        if now - round.started() > SPIN_FOR {
             std::thread::sleep(PAUSE);
         }
     }

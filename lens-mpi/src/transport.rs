@@ -73,7 +73,7 @@ impl SlabTransport for Mpi {
         // A failure returns an error, after which the slab group calls `stop`: then nothing
         // MPI may still use is freed.
         if let Some(p) = self.persistent_for(round.root, len)? {
-            return match p.round(round.deadline, slab, n)? {
+            return match p.round(round, slab, n)? {
                 true => Ok(()),
                 false => Err(round.timed_out()),
             };
@@ -83,7 +83,7 @@ impl SlabTransport for Mpi {
             buf = vec![0u8; len].into_boxed_slice();
         }
         buf[..n].copy_from_slice(&slab[..n]);
-        let Some(buf) = ibcast(&self.comm, round.root, buf, round.deadline)? else {
+        let Some(buf) = ibcast(&self.comm, round.root, buf, round)? else {
             return Err(round.timed_out());
         };
         slab.copy_from_slice(&buf);
@@ -92,7 +92,7 @@ impl SlabTransport for Mpi {
     }
 
     fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
-        let Some(buf) = ibcast(&self.comm, round.root, rest.into(), round.deadline)? else {
+        let Some(buf) = ibcast(&self.comm, round.root, rest.into(), round)? else {
             return Err(round.timed_out());
         };
         rest.copy_from_slice(&buf);

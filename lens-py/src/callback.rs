@@ -22,7 +22,7 @@ impl PyCollective {
     /// One call of the collective on `buf`, whose bytes it fills in place on non-roots.
     fn run(&self, round: &Round, buf: &mut [u8]) -> lens_core::Result<()> {
         let left = round
-            .deadline
+            .deadline()
             .saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return Err(round.timed_out());

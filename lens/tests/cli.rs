@@ -162,12 +162,19 @@ fn bench_prints_json_lines_for_raw_and_lens() {
     );
     run.bench_lines(
         "local",
-        &[(2, "raw"), (2, "lens"), (3, "raw"), (3, "lens")],
+        &[
+            (2, "raw"),
+            (2, "lens_bytes"),
+            (2, "lens"),
+            (3, "raw"),
+            (3, "lens_bytes"),
+            (3, "lens"),
+        ],
         40,
     );
 }
 
-/// The table has one line per operation, the ratio on the lens line only, and `--help`
+/// The table has one line per operation, the ratio on the two lens lines only, and `--help`
 /// says what a sample is.
 #[test]
 fn bench_table_and_help_say_what_is_measured() {
@@ -179,10 +186,20 @@ fn bench_table_and_help_say_what_is_measured() {
         .skip(2)
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(rows.len(), 2, "{}", run.stdout);
+    assert_eq!(rows.len(), 3, "{}", run.stdout);
     assert_eq!((rows[0][1], rows[0].len()), ("raw", 5), "{}", run.stdout);
-    assert_eq!((rows[1][1], rows[1].len()), ("lens", 6), "{}", run.stdout);
-    assert!(rows[1][5].ends_with('x'), "{}", run.stdout);
+    assert_eq!(
+        (rows[1][1], rows[1].len()),
+        ("lens_bytes", 6),
+        "{}",
+        run.stdout
+    );
+    assert_eq!((rows[2][1], rows[2].len()), ("lens", 6), "{}", run.stdout);
+    assert!(
+        rows[1][5].ends_with('x') && rows[2][5].ends_with('x'),
+        "{}",
+        run.stdout
+    );
     // The CPU column: a positive number of µs per rank and round.
     for row in &rows {
         let cpu: f64 = row[4].parse().expect("cpu_us");
@@ -263,7 +280,7 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
         &env,
         DEADLINE,
     );
-    run.bench_lines("nccl", &[(2, "raw"), (2, "lens")], 30);
+    run.bench_lines("nccl", &[(2, "raw"), (2, "lens_bytes"), (2, "lens")], 30);
 
     // Two processes, one per fake GPU: TCP rendezvous, the NCCL id over TCP, NCCL init and
     // the demo's broadcasts across processes, spans gathered and checked.

@@ -71,11 +71,15 @@ fn mpi_bench_under_mpirun() {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let ops: Vec<&str> = lines.iter().filter_map(|l| l["op"].as_str()).collect();
-    assert_eq!(ops, ["raw", "two_collective", "lens"], "{out}");
+    assert_eq!(
+        ops,
+        ["raw", "two_collective", "lens_bytes", "lens"],
+        "{out}"
+    );
     assert!(
         lines
             .iter()
             .all(|l| l["backend"] == "mpi" && l["ranks"] == 2 && l["iters"] == 50)
     );
-    assert!(lines[2]["ratio_vs_raw"].as_f64().is_some());
+    assert!(lines[3]["ratio_vs_raw"].as_f64().is_some());
 }

@@ -122,7 +122,14 @@ fn tcp_bench_prints_raw_and_lens_lines() {
     );
     run.bench_lines(
         "tcp",
-        &[(2, "raw"), (2, "lens"), (3, "raw"), (3, "lens")],
+        &[
+            (2, "raw"),
+            (2, "lens_bytes"),
+            (2, "lens"),
+            (3, "raw"),
+            (3, "lens_bytes"),
+            (3, "lens"),
+        ],
         30,
     );
 }

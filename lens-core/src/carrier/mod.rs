@@ -317,6 +317,25 @@ impl Carrier {
         Self::decode_with_limit(bytes, Self::DEFAULT_MAX_LEN)
     }
 
+    /// [`Carrier::decode`] taking the bytes by value: a carrier in the usual form keeps them
+    /// as its text, with no copy (what lens's receivers do with the buffer a broadcast
+    /// returns).
+    ///
+    /// ```
+    /// use lens_core::Carrier;
+    ///
+    /// let bytes = br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    /// let carrier = Carrier::decode_owned(bytes.to_vec())?;
+    /// assert_eq!(carrier, Carrier::decode(bytes)?);
+    /// # Ok::<(), lens_core::CarrierError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Carrier::decode`].
+    pub fn decode_owned(bytes: Vec<u8>) -> Result<Self, CarrierError> {
+        Self::decode_vec(bytes, Self::DEFAULT_MAX_LEN)
+    }
+
     /// [`Carrier::decode`] with a size limit of `limit` bytes.
     ///
     /// # Errors

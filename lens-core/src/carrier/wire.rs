@@ -45,14 +45,17 @@ impl Wire {
 
     /// Parses `bytes` when they are canonical; gives them back otherwise (the general
     /// decoder then decides whether they are valid at all).
+    #[allow(unsafe_code)]
     pub(crate) fn parse(bytes: Vec<u8>) -> Result<Wire, Vec<u8>> {
-        match Self::positions(&bytes) {
-            Some((fields, len)) => match String::from_utf8(bytes) {
-                Ok(json) => Ok(Wire { json, fields, len }),
-                Err(e) => Err(e.into_bytes()),
-            },
-            None => Err(bytes),
-        }
+        let Some((fields, len)) = Self::positions(&bytes) else {
+            return Err(bytes);
+        };
+        debug_assert!(bytes.is_ascii());
+        // SAFETY: `positions` accepted every byte as `{`, `}`, `": "`, `", "` or a plain
+        // string (printable ASCII): ASCII is valid UTF-8. (A second check cost an eighth of
+        // decoding a traceparent carrier.)
+        let json = unsafe { String::from_utf8_unchecked(bytes) };
+        Ok(Wire { json, fields, len })
     }
 
     fn positions(b: &[u8]) -> Option<([Field; MAX_FIELDS], u8)> {

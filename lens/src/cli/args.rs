@@ -21,14 +21,16 @@ pub(crate) enum Command {
     ///
     /// Operations: the backend's baselines (`raw`: one broadcast of the carrier's bytes on
     /// the bare transport; with mpi also `two_collective`, NeMo Lens's scheme with lens's
-    /// codec: inject and encode, a length then the bytes in two collectives, decode) and
-    /// `lens` (inject and encode, the backend's broadcast, decode on every rank). The
+    /// codec: inject and encode, a length then the bytes in two collectives, decode),
+    /// `lens_bytes` (lens's broadcast of the same bytes: the backend as lens drives it, no
+    /// codec) and `lens` (inject and encode, the backend's broadcast, decode on every rank). The
     /// timed rounds are spread over 16 blocks; each block runs every operation in turn after
     /// 10 untimed rounds. Before each round every rank waits at a barrier; the round's time is
     /// the slowest rank's, which is what a collective costs the job. Printed: the median and
-    /// 99th percentile in µs, and `lens/raw` (ratio of the medians) on the lens row; with
-    /// --json one object per line: backend, ranks, op, bytes, iters, median_us, p99_us, and
-    /// ratio_vs_<op> for each baseline on the lens line.
+    /// 99th percentile in µs, CPU µs per rank and round, and `lens/raw` (ratio of the
+    /// medians) on the two lens rows; with --json one object per line: backend, ranks, op,
+    /// bytes, iters, median_us, p99_us, cpu_us_per_rank, and ratio_vs_<op> for each baseline
+    /// on the lens lines.
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::args::BenchArgs;
 use super::backend::{Backend, BenchReport};
-use super::measure::{Measured, Plan};
+use super::measure::{LENS_OPS, Measured, Plan};
 
 /// The context the source broadcasts: a sampled span with flags 03 and a little baggage,
 /// as a training step would carry.
@@ -63,16 +63,15 @@ fn print_report(backend: &str, args: &BenchArgs, plan: &Plan, report: &BenchRepo
     }
 }
 
-/// One line per operation; the lens line carries its ratio to each baseline.
+/// One line per operation; each lens line carries its ratio to each baseline.
 fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
     let stats: Vec<(&str, Stats)> = group
         .ops
         .iter()
         .map(|(op, samples)| (*op, Stats::of(samples)))
         .collect();
-    let lens_median = stats.last().map_or(f64::NAN, |(_, s)| s.median);
+    let is_lens = |op: &str| LENS_OPS.contains(&op);
     for (i, (op, s)) in stats.iter().enumerate() {
-        let is_lens = *op == "lens";
         let cpu = group.cpu_us.get(i).copied().unwrap_or(f64::NAN);
         if json {
             let mut line = json!({
@@ -80,15 +79,15 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
                 "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
                 "cpu_us_per_rank": round2(cpu),
             });
-            if is_lens {
-                for (base, b) in stats.iter().filter(|(o, _)| *o != "lens") {
-                    line[format!("ratio_vs_{base}")] = json!(round2(lens_median / b.median));
+            if is_lens(op) {
+                for (base, b) in stats.iter().filter(|(o, _)| !is_lens(o)) {
+                    line[format!("ratio_vs_{base}")] = json!(round2(s.median / b.median));
                 }
             }
             println!("{line}");
         } else {
             let ratio = match stats.first() {
-                Some((_, raw)) if is_lens => format!("{:.2}x", lens_median / raw.median),
+                Some((_, raw)) if is_lens(op) => format!("{:.2}x", s.median / raw.median),
                 _ => String::new(),
             };
             println!(

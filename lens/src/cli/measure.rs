@@ -1,8 +1,9 @@
 //! The bench method, the same for every backend.
 //!
 //! - **Operations.** Each backend's baselines (`raw` first: one broadcast of the carrier's
-//!   bytes on the bare transport) and `lens` (`broadcast_context` from rank 0: encode, the
-//!   backend's broadcast, decode on every rank).
+//!   bytes on the bare transport), `lens_bytes` (lens's broadcast of those same bytes: the
+//!   backend as lens drives it, no codec) and `lens` (`broadcast_context` from rank 0:
+//!   inject and encode, the backend's broadcast, decode on every rank).
 //! - **Interleaving.** The timed rounds are spread over [`BLOCKS`] blocks; each block runs
 //!   every operation in turn, [`WARMUP`] untimed rounds first, so that a slow phase of the
 //!   machine falls on all operations alike.
@@ -51,10 +52,14 @@ pub(crate) trait BenchRank {
     fn baseline(&mut self, i: usize, bytes: &[u8], cx: &Context) -> Result<(), String>;
 }
 
+/// lens's operations, after the baselines: its broadcast of the carrier's bytes, then of
+/// the context.
+pub(crate) const LENS_OPS: [&str; 2] = ["lens_bytes", "lens"];
+
 /// One group size's figures: the slowest rank's round times, per operation.
 pub(crate) struct Measured {
     pub(crate) ranks: usize,
-    /// The baselines in order, then `lens`.
+    /// The baselines in order, then [`LENS_OPS`].
     pub(crate) ops: Vec<(&'static str, Vec<f64>)>,
     /// CPU µs per rank per round of each operation, in the same order.
     pub(crate) cpu_us: Vec<f64>,
@@ -63,7 +68,7 @@ pub(crate) struct Measured {
 impl Measured {
     /// Names the columns of `slowest` (from [`run_rank`] or [`on_threads`]).
     pub(crate) fn new(ranks: usize, baselines: &[&'static str], timed: Timed) -> Self {
-        let names = baselines.iter().copied().chain(["lens"]);
+        let names = baselines.iter().copied().chain(LENS_OPS);
         Measured {
             ranks,
             ops: names.zip(timed.times).collect(),
@@ -104,7 +109,7 @@ pub(crate) fn run_rank(
     barrier: &mut dyn FnMut() -> Result<(), String>,
     plan: &Plan,
 ) -> Result<Timed, String> {
-    let ops = plan.baselines + 1;
+    let ops = plan.baselines + LENS_OPS.len();
     let mut times = vec![Vec::with_capacity(plan.iters); ops];
     let mut cpu = vec![Duration::ZERO; ops];
     let empty = Context::new();
@@ -128,6 +133,11 @@ pub(crate) fn run_rank(
                 let t0 = Instant::now();
                 if op < plan.baselines {
                     r.baseline(op, &plan.bytes, cx)?;
+                } else if op == plan.baselines {
+                    let payload = (r.group().rank() == 0).then_some(&plan.bytes[..]);
+                    let got = blocking::broadcast(r.group(), 0, payload)
+                        .map_err(|e| format!("lens broadcast of bytes: {e}"))?;
+                    std::hint::black_box(got);
                 } else {
                     let got = blocking::broadcast_context(r.group(), 0, cx)
                         .map_err(|e| format!("lens broadcast: {e}"))?;

@@ -96,7 +96,10 @@ impl Run {
             let cpu = line["cpu_us_per_rank"].as_f64().expect("cpu_us_per_rank");
             assert!(cpu > 0.0, "{line}");
         }
-        for line in lines.iter().filter(|l| l["op"] == "lens") {
+        for line in lines
+            .iter()
+            .filter(|l| l["op"] == "lens" || l["op"] == "lens_bytes")
+        {
             assert!(line["ratio_vs_raw"].as_f64().is_some(), "{line}");
         }
         lines

@@ -11,6 +11,7 @@
 mod format;
 mod options;
 
+use std::cell::Cell;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -22,36 +23,66 @@ use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
 
 /// One round's root and deadline, handed to the transport.
-#[derive(Debug, Clone, Copy)]
+///
+/// The clock is read when a transport first asks about the deadline (as its wait begins),
+/// not when the round is made: a round that completes without waiting, as most do in a
+/// few microseconds, then reads no clock at all (a reading cost a fifth of lens's own work
+/// in a round). The deadline thus counts from the start of the wait, at most microseconds
+/// after the call.
+#[derive(Debug, Clone)]
 pub struct Round {
     /// The rank whose bytes are broadcast.
     pub root: usize,
-    /// When the round must be done.
-    pub deadline: Instant,
-    started: Instant,
+    timeout: Duration,
+    started: Cell<Option<Instant>>,
 }
 
 impl Round {
-    /// A round from `root` that must be done within `timeout` from now.
+    /// A round from `root` that must be done within `timeout` of its start.
     pub fn new(root: usize, timeout: Duration) -> Self {
-        let started = Instant::now();
         Round {
             root,
-            deadline: started + timeout,
-            started,
+            timeout,
+            started: Cell::new(None),
         }
+    }
+
+    /// When the round started: the first time this or [`Round::deadline`],
+    /// [`Round::expired`] or [`Round::expired_at`] was called.
+    pub fn started(&self) -> Instant {
+        self.started_at(Instant::now())
+    }
+
+    fn started_at(&self, now: Instant) -> Instant {
+        match self.started.get() {
+            Some(t) => t,
+            None => {
+                self.started.set(Some(now));
+                now
+            }
+        }
+    }
+
+    /// When the round must be done.
+    pub fn deadline(&self) -> Instant {
+        self.started() + self.timeout
     }
 
     /// Whether the deadline has passed.
     pub fn expired(&self) -> bool {
-        Instant::now() >= self.deadline
+        self.expired_at(Instant::now())
+    }
+
+    /// Whether the deadline has passed at `now` (a reading the caller already has).
+    pub fn expired_at(&self, now: Instant) -> bool {
+        now >= self.started_at(now) + self.timeout
     }
 
     /// The error of a round that missed its deadline. A collective cannot tell which ranks
     /// are missing, so none are named.
     pub fn timed_out(&self) -> Error {
         Error::Timeout {
-            after: self.started.elapsed(),
+            after: self.started().elapsed(),
             missing: Vec::new(),
         }
     }
