@@ -2,19 +2,25 @@
 //!
 //! [`MpiBroadcaster`] wraps any communicator: the world, or a split one such as a
 //! pipeline-parallel group, with that group's own ranks. A typical carrier travels in
-//! **one** `MPI_Ibcast` of a fixed-size slab (a 16-byte header with a format marker, the slab
+//! **one** transfer of a fixed-size slab (a 16-byte header with a format marker, the slab
 //! size and the payload length, then the payload); a payload that does not fit sends its
 //! remainder in a second one. Ranks built with different slab sizes fail with
 //! [`Error::Mismatch`] instead of reading garbage.
 //!
-//! **Deadline.** The collective is started non-blocking and polled; a rank that never
+//! **Transfer.** In a group of at most [`DEFAULT_DIRECT_MAX`] ranks
+//! ([`MpiBroadcasterBuilder::direct_up_to`]) the root sends the slab to every other rank
+//! itself; in a larger one each root's slab broadcast is prepared once and restarted every
+//! round (`MPI_Bcast_init` / `MPIX_Bcast_init`), or is an `MPI_Ibcast` where the library
+//! has no persistent broadcast. Why: the `request` module.
+//!
+//! **Deadline.** Every transfer is started non-blocking and polled; a rank that never
 //! arrives turns into [`Error::Timeout`] instead of a hang. MPI cannot cancel a collective,
 //! so after a timeout the buffer is left to MPI (leaked on purpose) and the broadcaster
 //! refuses further rounds with [`Error::Closed`]: the usual reaction is to exit non-zero,
 //! and the launcher then stops the job.
 //!
 //! **Configuration.** [`MpiBroadcasterBuilder::from_env`] starts from the variables of
-//! [`mod@env`] (slab size, deadline, payload limit) and returns the builder, so code can still
+//! [`mod@env`] (slab size, deadline, payload limit, how rounds travel) and returns the builder, so code can still
 //! override any of them. The slab round itself is `lens_core::backend::slab`, shared with
 //! the NCCL backend.
 //!
@@ -56,7 +62,8 @@ use mpi::environment::Threading;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::Communicator;
 
-use transport::Mpi;
+use request::Ranks;
+use transport::{Mode, Mpi};
 
 const BACKEND: &str = "mpi";
 const MAGIC: [u8; 4] = *b"LNSM";
@@ -78,7 +85,18 @@ pub mod env {
     /// `0` or `false`: a fresh `MPI_Ibcast` per round instead of a persistent broadcast
     /// prepared once per root (for comparison, or an MPI whose persistent one misbehaves).
     pub const PERSISTENT: &str = "LENS_MPI_PERSISTENT";
+    /// Largest group in which the root sends to every other rank itself instead of using a
+    /// collective (default [`crate::DEFAULT_DIRECT_MAX`]; `0` or `1`: never). The same on
+    /// every rank: ranks that move a round differently never meet, and time out.
+    pub const DIRECT_MAX: &str = "LENS_MPI_DIRECT_MAX";
 }
+
+/// Largest group in which a round is direct sends from the root to every other rank rather
+/// than a collective. Measured on 2 cores (see `docs/SCALING.md`): direct sends beat Open
+/// MPI's collectives at 2 and 4 ranks; the root's sends grow with the group while a
+/// collective's tree grows with its logarithm, so past a handful of ranks the collective
+/// is the better bet.
+pub const DEFAULT_DIRECT_MAX: usize = 8;
 
 const VARS: SlabVars = SlabVars {
     slab_size: env::SLAB_SIZE,
@@ -90,7 +108,7 @@ const VARS: SlabVars = SlabVars {
 pub struct MpiBroadcaster {
     group: SlabGroup<Mpi>,
     only_thread: Option<ThreadId>,
-    persistent: bool,
+    mode: Mode,
 }
 
 impl std::fmt::Debug for MpiBroadcaster {
@@ -108,6 +126,7 @@ pub struct MpiBroadcasterBuilder {
     comm: SimpleCommunicator,
     opts: SlabOptions,
     persistent: std::result::Result<bool, String>,
+    direct_max: std::result::Result<usize, String>,
 }
 
 impl std::fmt::Debug for MpiBroadcasterBuilder {
@@ -115,6 +134,7 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
         f.debug_struct("MpiBroadcasterBuilder")
             .field("opts", &self.opts)
             .field("persistent", &self.persistent)
+            .field("direct_max", &self.direct_max)
             .finish_non_exhaustive()
     }
 }
@@ -134,23 +154,44 @@ fn persistent_from(value: Option<&str>) -> std::result::Result<bool, String> {
     }
 }
 
+/// The value of [`env::DIRECT_MAX`]: a number of ranks.
+fn direct_max_from(value: Option<&str>) -> std::result::Result<usize, String> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_DIRECT_MAX);
+    };
+    v.trim()
+        .parse()
+        .map_err(|_| format!("{} must be a number of ranks, not {v:?}", env::DIRECT_MAX))
+}
+
 impl MpiBroadcasterBuilder {
     /// A builder for `comm` that starts from the environment: [`env::SLAB_SIZE`],
     /// [`env::TIMEOUT`] and [`env::MAX_PAYLOAD`] where set, the defaults elsewhere. A value
     /// that does not parse is reported by [`MpiBroadcasterBuilder::build`] unless code sets
     /// that field.
     pub fn from_env(comm: SimpleCommunicator) -> Self {
-        let persistent = persistent_from(std::env::var(env::PERSISTENT).ok().as_deref());
+        let var = |name: &str| std::env::var(name).ok();
         MpiBroadcasterBuilder {
             comm,
-            opts: SlabOptions::from_vars(&VARS, |k| std::env::var(k).ok()),
-            persistent,
+            opts: SlabOptions::from_vars(&VARS, var),
+            persistent: persistent_from(var(env::PERSISTENT).as_deref()),
+            direct_max: direct_max_from(var(env::DIRECT_MAX).as_deref()),
         }
     }
 
-    /// Whether each root's slab broadcast is prepared once and restarted every round
-    /// (`MPI_Bcast_init`, or Open MPI's `MPIX_Bcast_init`; default, and used only where the
-    /// library has one) or started afresh with `MPI_Ibcast`; variable [`env::PERSISTENT`].
+    /// Largest group in which each round is direct sends from the root to every other rank
+    /// (`MPI_Isend` / `MPI_Irecv`) instead of a collective (default
+    /// [`DEFAULT_DIRECT_MAX`]; `0` or `1` never; variable [`env::DIRECT_MAX`]). Every rank
+    /// of the communicator must use the same value.
+    pub fn direct_up_to(mut self, ranks: usize) -> Self {
+        self.direct_max = Ok(ranks);
+        self
+    }
+
+    /// In groups larger than [`MpiBroadcasterBuilder::direct_up_to`]: whether each root's
+    /// slab broadcast is prepared once and restarted every round (`MPI_Bcast_init`, or Open
+    /// MPI's `MPIX_Bcast_init`; default, and used only where the library has one) or started
+    /// afresh with `MPI_Ibcast`; variable [`env::PERSISTENT`].
     pub fn persistent(mut self, on: bool) -> Self {
         self.persistent = Ok(on);
         self
@@ -196,12 +237,21 @@ impl MpiBroadcasterBuilder {
             usize::try_from(rank).unwrap_or_default(),
             usize::try_from(size).unwrap_or(1),
         );
-        let persistent = self.persistent.map_err(Error::config)? && request::has_bcast_init();
-        let transport = Mpi::new(self.comm, persistent);
+        let persistent = self.persistent.map_err(Error::config)?;
+        let direct_max = self.direct_max.map_err(Error::config)?;
+        let mode = if me.1 > 1 && me.1 <= direct_max {
+            Mode::Direct
+        } else if persistent && request::has_bcast_init() {
+            Mode::Persistent
+        } else {
+            Mode::Ibcast
+        };
+        let ranks = Ranks { me: rank, size };
+        let transport = Mpi::new(self.comm, ranks, mode);
         Ok(MpiBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
-            persistent,
+            mode,
         })
     }
 }
@@ -221,14 +271,22 @@ impl MpiBroadcaster {
             comm,
             opts: SlabOptions::default(),
             persistent: Ok(true),
+            direct_max: Ok(DEFAULT_DIRECT_MAX),
         }
     }
 
-    /// Whether slab rounds restart a persistent broadcast prepared once per root (asked for,
-    /// and the MPI library has `MPI_Bcast_init` or `MPIX_Bcast_init`), rather than start an
+    /// Whether rounds are direct sends from the root to every other rank (a group of at
+    /// most [`MpiBroadcasterBuilder::direct_up_to`] ranks).
+    pub fn direct_sends(&self) -> bool {
+        self.mode == Mode::Direct
+    }
+
+    /// Whether rounds restart a persistent broadcast prepared once per root (a group larger
+    /// than [`MpiBroadcasterBuilder::direct_up_to`], persistent broadcasts asked for, and the
+    /// MPI library has `MPI_Bcast_init` or `MPIX_Bcast_init`), rather than start an
     /// `MPI_Ibcast` each round.
     pub fn persistent_broadcasts(&self) -> bool {
-        self.persistent
+        self.mode == Mode::Persistent
     }
 
     /// The slab size in bytes, header included.
@@ -290,6 +348,23 @@ impl Broadcaster for MpiBroadcaster {
 #[cfg(test)]
 mod tests {
     use super::persistent_from;
+
+    /// One row per value of LENS_MPI_DIRECT_MAX: (why, value, the limit or an error).
+    #[test]
+    fn direct_max_variable_values() {
+        let rows: [(&str, Option<&str>, Option<usize>); 5] = [
+            ("unset: the default", None, Some(super::DEFAULT_DIRECT_MAX)),
+            ("a number", Some("16"), Some(16)),
+            ("spaces around it", Some(" 2 "), Some(2)),
+            ("never", Some("0"), Some(0)),
+            ("not a number", Some("many"), None),
+        ];
+        for (why, value, want) in rows {
+            assert_eq!(super::direct_max_from(value).ok(), want, "{why}");
+        }
+        let err = super::direct_max_from(Some("many")).expect_err("refused");
+        assert!(err.contains("LENS_MPI_DIRECT_MAX"), "{err}");
+    }
 
     #[test]
     fn persistent_variable_values() {

@@ -4,21 +4,34 @@ use lens_core::Result;
 use lens_core::backend::slab::{Round, SlabTransport};
 use mpi::topology::SimpleCommunicator;
 
-use crate::request::{Persistent, ibcast};
+use crate::request::{Persistent, Ranks, direct, ibcast};
 
 /// Roots that get a persistent broadcast of their own; rounds from others use `MPI_Ibcast`.
 /// Each prepared broadcast holds a slab and the library's schedule; sources are usually a
 /// handful of ranks (rank 0, the first stage of each pipeline).
 const MAX_PERSISTENT_ROOTS: usize = 64;
 
+/// How a round moves the bytes (chosen once, when the broadcaster is built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The root sends to every other rank itself (small groups).
+    Direct,
+    /// A persistent broadcast per root, restarted each round.
+    Persistent,
+    /// A fresh `MPI_Ibcast` each round.
+    Ibcast,
+}
+
 /// A communicator, and the buffers MPI may keep.
 pub(crate) struct Mpi {
     comm: SimpleCommunicator,
-    /// Whether slab rounds use persistent broadcasts (asked for, and the library has them).
-    persistent: bool,
+    ranks: Ranks,
+    mode: Mode,
+    /// Scratch space for the requests of a direct round.
+    requests: Vec<mpi::ffi::MPI_Request>,
     /// The persistent slab broadcast of each root, made at its first round.
     by_root: Vec<Option<Persistent>>,
-    /// The slab as MPI sees it in the `MPI_Ibcast` path; leaked on a timeout.
+    /// The slab as MPI sees it in the direct and `MPI_Ibcast` paths; leaked on a timeout.
     buf: Box<[u8]>,
     /// A round failed ([`SlabTransport::stop`]): a request may still be active, so none is
     /// freed.
@@ -32,12 +45,14 @@ pub(crate) struct Mpi {
 unsafe impl Send for Mpi {}
 
 impl Mpi {
-    /// `persistent` only where the library has a persistent broadcast
+    /// [`Mode::Persistent`] only where the library has a persistent broadcast
     /// ([`crate::request::has_bcast_init`]).
-    pub(crate) fn new(comm: SimpleCommunicator, persistent: bool) -> Self {
+    pub(crate) fn new(comm: SimpleCommunicator, ranks: Ranks, mode: Mode) -> Self {
         Mpi {
             comm,
-            persistent,
+            ranks,
+            mode,
+            requests: Vec::new(),
             by_root: Vec::new(),
             buf: Box::default(),
             leak: false,
@@ -46,7 +61,7 @@ impl Mpi {
 
     /// The prepared broadcast from `root` for slabs of `len` bytes, made on first use.
     fn persistent_for(&mut self, root: usize, len: usize) -> Result<Option<&mut Persistent>> {
-        if !self.persistent || root >= MAX_PERSISTENT_ROOTS {
+        if self.mode != Mode::Persistent || root >= MAX_PERSISTENT_ROOTS {
             return Ok(None);
         }
         if self.by_root.len() <= root {
@@ -82,17 +97,36 @@ impl SlabTransport for Mpi {
         if buf.len() != len {
             buf = vec![0u8; len].into_boxed_slice();
         }
-        buf[..n].copy_from_slice(&slab[..n]);
-        let Some(buf) = ibcast(&self.comm, round.root, buf, round)? else {
+        let got = if self.mode == Mode::Direct {
+            // Only the root's data travels; a receive always covers the header.
+            if let Some(n) = sent {
+                buf[..n].copy_from_slice(&slab[..n]);
+            }
+            let (comm, requests) = (&self.comm, &mut self.requests);
+            direct(comm, self.ranks, round, buf, n, requests)?
+        } else {
+            buf[..n].copy_from_slice(&slab[..n]);
+            ibcast(&self.comm, round.root, buf, round)?
+        };
+        let Some(buf) = got else {
             return Err(round.timed_out());
         };
-        slab.copy_from_slice(&buf);
+        if sent.is_none() {
+            slab.copy_from_slice(&buf);
+        }
         self.buf = buf;
         Ok(())
     }
 
     fn broadcast_rest(&mut self, round: &Round, rest: &mut [u8]) -> Result<()> {
-        let Some(buf) = ibcast(&self.comm, round.root, rest.into(), round)? else {
+        let buf: Box<[u8]> = rest.into();
+        let got = if self.mode == Mode::Direct {
+            let len = rest.len();
+            direct(&self.comm, self.ranks, round, buf, len, &mut self.requests)?
+        } else {
+            ibcast(&self.comm, round.root, buf, round)?
+        };
+        let Some(buf) = got else {
             return Err(round.timed_out());
         };
         rest.copy_from_slice(&buf);

@@ -16,6 +16,7 @@ use mpi::traits::*;
 const CASES: &[(&str, usize, bool)] = &[
     ("conformance_2", 2, true),
     ("conformance_4", 4, true),
+    ("conformance_persistent", 3, true),
     ("conformance_without_persistent_requests", 3, true),
     ("split_groups", 4, true),
     ("slab_boundaries", 3, true),
@@ -65,6 +66,7 @@ fn parent() {
             .env(lens_mpi::env::SLAB_SIZE, "64")
             .env(lens_mpi::env::MAX_PAYLOAD, "1000")
             .env(lens_mpi::env::PERSISTENT, "0")
+            .env(lens_mpi::env::DIRECT_MAX, "1")
             .stdin(Stdio::null());
         let done = Supervised::spawn(&mut cmd, DEADLINE)
             .expect("start mpirun")
@@ -110,8 +112,24 @@ fn rank_main(case: &str) {
     let me = world.rank();
     match case {
         "conformance_2" | "conformance_4" => {
+            // Small groups: the root sends to every other rank itself.
             let b = check(MpiBroadcaster::new(world.duplicate()), "build");
-            // Open MPI 4.1 (the tested MPI) has MPIX_Bcast_init: rounds restart it.
+            assert!(b.direct_sends() && !b.persistent_broadcasts());
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default())),
+                "conformance",
+            );
+        }
+        "conformance_persistent" => {
+            // A group over the direct-send limit: Open MPI 4.1 (the tested MPI) has
+            // MPIX_Bcast_init, and rounds restart it.
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .direct_up_to(2)
+                    .build(),
+                "build",
+            );
+            assert!(!b.direct_sends());
             assert!(b.persistent_broadcasts(), "no persistent broadcast found");
             check(
                 futures::executor::block_on(run_rank(&b, &Options::default())),
@@ -123,11 +141,12 @@ fn rank_main(case: &str) {
             // collectives) meets the same contract.
             let b = check(
                 MpiBroadcaster::builder(world.duplicate())
+                    .direct_up_to(0)
                     .persistent(false)
                     .build(),
                 "build",
             );
-            assert!(!b.persistent_broadcasts());
+            assert!(!b.persistent_broadcasts() && !b.direct_sends());
             check(
                 futures::executor::block_on(run_rank(&b, &Options::default())),
                 "conformance",
@@ -207,6 +226,7 @@ fn rank_main(case: &str) {
                 "build",
             );
             assert_eq!((b.slab_size(), b.max_payload()), (64, 1000));
+            assert!(!b.direct_sends(), "LENS_MPI_DIRECT_MAX=1 was read");
             assert!(!b.persistent_broadcasts(), "LENS_MPI_PERSISTENT=0 was read");
             // Over the 48-byte capacity: the remainder travels in a second collective.
             let want = pattern(0, 0, 900);
@@ -225,6 +245,19 @@ fn rank_main(case: &str) {
             );
             assert_eq!(b.slab_size(), 256);
             assert!(b.persistent_broadcasts());
+            let b = check(
+                MpiBroadcasterBuilder::from_env(world.duplicate())
+                    .direct_up_to(2)
+                    .build(),
+                "build",
+            );
+            assert!(b.direct_sends());
+            // Over the slab again, now through direct sends.
+            let got = check(
+                blocking::broadcast(&b, 1, (me == 1).then_some(want.as_slice())),
+                "round",
+            );
+            assert_eq!(got, want);
         }
         "skipped_call_times_out" => {
             let b = check(

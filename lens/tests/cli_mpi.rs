@@ -10,9 +10,15 @@ use lens::testkit::process::{self, Supervised};
 mod common;
 
 fn mpirun(n: usize, args: &[&str]) -> (bool, String) {
+    mpirun_with(n, args, &[])
+}
+
+/// `mpirun -n N lens ARGS` with `vars` set for every rank.
+fn mpirun_with(n: usize, args: &[&str], vars: &[(&str, &str)]) -> (bool, String) {
     let mut cmd = process::mpirun(n).expect("mpirun on the PATH (install openmpi-bin)");
     cmd.arg(env!("CARGO_BIN_EXE_lens"))
         .args(args)
+        .envs(vars.iter().copied())
         .stdin(Stdio::null());
     let done = Supervised::spawn(&mut cmd, Duration::from_secs(120))
         .expect("mpirun starts (install openmpi-bin)")
@@ -82,4 +88,30 @@ fn mpi_bench_under_mpirun() {
             .all(|l| l["backend"] == "mpi" && l["ranks"] == 2 && l["iters"] == 50)
     );
     assert!(lines[3]["ratio_vs_raw"].as_f64().is_some());
+}
+
+/// The bench builds its group from the environment, says how lens's rounds travel, and so
+/// compares direct sends (the default at 2 ranks) with the persistent broadcast.
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_bench_reads_the_settings_from_the_environment() {
+    let args = ["bench", "--backend", "mpi", "--iters", "20"];
+    for (vars, way) in [
+        (&[][..], "lens's rounds: direct sends from the root"),
+        (
+            &[(lens::mpi::env::DIRECT_MAX, "1")][..],
+            "lens's rounds: a persistent broadcast",
+        ),
+        (
+            &[
+                (lens::mpi::env::DIRECT_MAX, "0"),
+                (lens::mpi::env::PERSISTENT, "0"),
+            ][..],
+            "lens's rounds: MPI_Ibcast",
+        ),
+    ] {
+        let (ok, out) = mpirun_with(2, &args, vars);
+        assert!(ok && out.contains(way), "{vars:?}: {out}");
+        assert!(out.contains("lens_bytes"), "{out}");
+    }
 }

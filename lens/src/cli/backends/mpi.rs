@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lens::mpi::MpiBroadcaster;
+use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
 use lens::{Broadcaster, Carrier};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -95,7 +95,9 @@ impl Backend for Mpi {
         let universe = mpi::initialize().ok_or("MPI was already initialised")?;
         let world = universe.world();
         let mut me = MpiRank {
-            group: MpiBroadcaster::new(world.duplicate()).map_err(|e| e.to_string())?,
+            group: MpiBroadcasterBuilder::from_env(world.duplicate())
+                .build()
+                .map_err(|e| e.to_string())?,
             world: &world,
         };
         let mine = match run_rank(
@@ -127,7 +129,16 @@ impl Backend for Mpi {
         }
         let n = usize::try_from(world.size()).unwrap_or(0);
         Ok(Some(BenchReport {
-            setting: "MPI_COMM_WORLD under mpirun, one process per rank".into(),
+            setting: format!(
+                "MPI_COMM_WORLD under mpirun, one process per rank; lens's rounds: {}",
+                if me.group.direct_sends() {
+                    "direct sends from the root"
+                } else if me.group.persistent_broadcasts() {
+                    "a persistent broadcast"
+                } else {
+                    "MPI_Ibcast"
+                }
+            ),
             groups: vec![Measured::new(
                 n,
                 self.baselines(),
