@@ -8,7 +8,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use lens_core::backend::slab::{Round, SlabGroup, SlabOptions, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabGroup, SlabOptions, SlabTransport};
 use lens_core::{Carrier, Result, blocking};
 use opentelemetry::baggage::BaggageExt;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
@@ -18,7 +18,7 @@ use opentelemetry::{Context, KeyValue};
 struct Alone;
 
 impl SlabTransport for Alone {
-    fn broadcast_slab(&mut self, _: &Round, _: &mut [u8], _: Option<usize>) -> Result<()> {
+    fn broadcast_slab(&mut self, _: &Round, _: &mut Slab, _: Option<usize>) -> Result<()> {
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lens_core::backend::slab::{HEADER_LEN, Round, SlabGroup, SlabOptions, SlabTransport};
+use lens_core::backend::slab::{HEADER_LEN, Round, Slab, SlabGroup, SlabOptions, SlabTransport};
 use lens_core::{Broadcaster, Error, Result, blocking};
 use lens_testkit::conformance::{Options, run_threads};
 use lens_testkit::{LocalBroadcaster, LocalCluster};
@@ -46,7 +46,7 @@ impl SlabTransport for Local {
     fn broadcast_slab(
         &mut self,
         round: &Round,
-        slab: &mut [u8],
+        slab: &mut Slab,
         sent: Option<usize>,
     ) -> Result<()> {
         self.collective(round, slab, sent)

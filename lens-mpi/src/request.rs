@@ -319,12 +319,15 @@ fn wait_all(requests: &mut [ffi::MPI_Request], round: &Round) -> Result<bool> {
         let mut flag: c_int = 0;
         // SAFETY: `requests` are live requests (or null ones); the statuses are ignored.
         let rc = unsafe {
-            ffi::MPI_Testall(
-                count,
-                requests.as_mut_ptr(),
-                &mut flag,
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
+            match requests {
+                [one] => ffi::MPI_Test(one, &mut flag, ffi::RSMPI_STATUS_IGNORE),
+                _ => ffi::MPI_Testall(
+                    count,
+                    requests.as_mut_ptr(),
+                    &mut flag,
+                    ffi::RSMPI_STATUSES_IGNORE,
+                ),
+            }
         };
         if rc != 0 {
             return Err(mpi_error("MPI_Testall", rc));

@@ -1,7 +1,7 @@
 //! The MPI side of the slab round: one collective per round on the communicator.
 
 use lens_core::Result;
-use lens_core::backend::slab::{Round, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabTransport};
 use mpi::topology::SimpleCommunicator;
 
 use crate::request::{Persistent, Ranks, direct, ibcast};
@@ -78,7 +78,7 @@ impl SlabTransport for Mpi {
     fn broadcast_slab(
         &mut self,
         round: &Round,
-        slab: &mut [u8],
+        slab: &mut Slab,
         sent: Option<usize>,
     ) -> Result<()> {
         // The root's data; elsewhere the whole slab, whose header the round zeroed, so no
@@ -93,27 +93,22 @@ impl SlabTransport for Mpi {
                 false => Err(round.timed_out()),
             };
         }
+        // The slab itself goes to MPI and comes back: exchanged with this buffer, not
+        // copied. If MPI keeps it (a timeout), the slab is left with the spare one.
         let mut buf = std::mem::take(&mut self.buf);
         if buf.len() != len {
             buf = vec![0u8; len].into_boxed_slice();
         }
+        slab.exchange(&mut buf);
         let got = if self.mode == Mode::Direct {
-            // Only the root's data travels; a receive always covers the header.
-            if let Some(n) = sent {
-                buf[..n].copy_from_slice(&slab[..n]);
-            }
-            let (comm, requests) = (&self.comm, &mut self.requests);
-            direct(comm, self.ranks, round, buf, n, requests)?
+            direct(&self.comm, self.ranks, round, buf, n, &mut self.requests)?
         } else {
-            buf[..n].copy_from_slice(&slab[..n]);
             ibcast(&self.comm, round.root, buf, round)?
         };
-        let Some(buf) = got else {
+        let Some(mut buf) = got else {
             return Err(round.timed_out());
         };
-        if sent.is_none() {
-            slab.copy_from_slice(&buf);
-        }
+        slab.exchange(&mut buf);
         self.buf = buf;
         Ok(())
     }

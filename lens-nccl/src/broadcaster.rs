@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::nccl::Comm;
 use cudarc::nccl::sys::ncclComm_t;
 use lens_core::backend::check_broadcast_args;
-use lens_core::backend::slab::{Round, SlabGroup, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabGroup, SlabTransport};
 use lens_core::{Broadcaster, Error, Result};
 
 use crate::NcclOptions;
@@ -59,7 +59,7 @@ impl SlabTransport for Gpu {
     fn broadcast_slab(
         &mut self,
         round: &Round,
-        slab: &mut [u8],
+        slab: &mut Slab,
         sent: Option<usize>,
     ) -> Result<()> {
         if let Some(n) = sent {

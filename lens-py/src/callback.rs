@@ -3,7 +3,7 @@
 //! round is the Python callable's.
 
 use lens_core::Error;
-use lens_core::backend::slab::{Round, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabTransport};
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -68,7 +68,7 @@ impl SlabTransport for PyCollective {
     fn broadcast_slab(
         &mut self,
         round: &Round,
-        slab: &mut [u8],
+        slab: &mut Slab,
         _sent: Option<usize>,
     ) -> lens_core::Result<()> {
         self.run(round, slab)

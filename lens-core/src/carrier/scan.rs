@@ -64,8 +64,8 @@ fn not_plain(x: u64) -> u64 {
 /// The length of the plain string (as [`json_plain`]) that `bytes` start with, when a `"`
 /// ends it; `None` when a byte that is not plain comes first, or no `"` does. One pass, a
 /// word at a time, the last word padded with zeros (which are not plain): carrier strings
-/// are short, and a search for the quote followed by a second scan of what it passed cost
-/// twice as much, a byte loop over the tail a third more.
+/// are short: a search for the quote followed by a second scan of what it passed cost
+/// twice as much, and a byte loop over the tail cost decoding a traceparent carrier 13 %.
 pub(crate) fn plain_prefix_to_quote(bytes: &[u8]) -> Option<usize> {
     let mut i = 0;
     loop {

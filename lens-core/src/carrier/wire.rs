@@ -52,7 +52,7 @@ impl Wire {
         };
         debug_assert!(bytes.is_ascii());
         // SAFETY: `positions` accepted every byte as `{`, `}`, `": "`, `", "` or a plain
-        // string (printable ASCII): ASCII is valid UTF-8. (A second check cost an eighth of
+        // string (printable ASCII): ASCII is valid UTF-8. (A second check cost about 8 % of
         // decoding a traceparent carrier.)
         let json = unsafe { String::from_utf8_unchecked(bytes) };
         Ok(Wire { json, fields, len })
