@@ -338,3 +338,23 @@ impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
         Some(self.broadcast_blocking(root, payload))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Slab;
+
+    #[test]
+    fn exchange_swaps_buffers_of_one_length_only() {
+        let mut slab = Slab::new(4);
+        slab.copy_from_slice(b"slab");
+        let mut buf: Box<[u8]> = Box::new(*b"buff");
+        let theirs = buf.as_ptr();
+        assert!(slab.exchange(&mut buf));
+        assert_eq!((&slab[..], &buf[..]), (&b"buff"[..], &b"slab"[..]));
+        // The allocations changed hands: nothing was copied.
+        assert_eq!(slab.as_ptr(), theirs);
+        let mut short: Box<[u8]> = Box::new(*b"abc");
+        assert!(!slab.exchange(&mut short));
+        assert_eq!((&slab[..], &short[..]), (&b"buff"[..], &b"abc"[..]));
+    }
+}
