@@ -6,10 +6,11 @@
 //! Why direct sends in small groups: measured under mpirun on this 2-core machine (Open MPI
 //! 4.1, 256 bytes, the slowest rank from a common barrier), an `MPI_Isend` to each rank and
 //! an `MPI_Irecv` on each took 0.22 µs at 2 ranks against 0.29 for `MPI_Bcast` and 0.30 for
-//! a persistent broadcast, and 0.45 µs at 4 oversubscribed ranks against 0.8 and 0.8-3: a
-//! collective's schedule costs more than the few messages it would send. The root's sends
-//! grow with the group, where a collective's tree does not, so above a few ranks
-//! ([`crate::DEFAULT_DIRECT_MAX`]) the collective is used.
+//! a persistent broadcast, and 0.45 µs at 4 oversubscribed ranks against 0.8 for the
+//! persistent broadcast and 0.85 to 3.3 for `MPI_Bcast`: a collective's schedule costs more
+//! than the few messages it would send. The root's sends grow with the group, a
+//! collective's tree with its logarithm, so above a few ranks ([`crate::DEFAULT_DIRECT_MAX`])
+//! the collective is used.
 //!
 //! Why persistent: measured under mpirun on this 2-core machine (Open MPI 4.1, 256-byte
 //! slab, the slowest rank from a common barrier), a restarted persistent broadcast costs
