@@ -5,7 +5,9 @@
 //! **one** transfer of a fixed-size slab (a 16-byte header with a format marker, the slab
 //! size and the payload length, then the payload); a payload that does not fit sends its
 //! remainder in a second one. Ranks built with different slab sizes fail with
-//! [`Error::Mismatch`] instead of reading garbage.
+//! [`Error::Mismatch`] instead of reading garbage, as long as the root's first message fits
+//! the other rank's slab (a longer one is a truncation MPI reports itself, which by default
+//! ends the job).
 //!
 //! **Transfer.** In a group of at most [`DEFAULT_DIRECT_MAX`] ranks
 //! ([`MpiBroadcasterBuilder::direct_up_to`]) the root sends the slab to every other rank

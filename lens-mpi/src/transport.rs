@@ -94,12 +94,12 @@ impl SlabTransport for Mpi {
             };
         }
         // The slab itself goes to MPI and comes back: exchanged with this buffer, not
-        // copied. If MPI keeps it (a timeout), the slab is left with the spare one.
+        // copied (copied only the first time, when there is no buffer of its length yet).
+        // If MPI keeps it (a timeout), the slab is left with the spare one.
         let mut buf = std::mem::take(&mut self.buf);
-        if buf.len() != len {
-            buf = vec![0u8; len].into_boxed_slice();
+        if !slab.exchange(&mut buf) {
+            buf = Box::from(&slab[..]);
         }
-        slab.exchange(&mut buf);
         let got = if self.mode == Mode::Direct {
             direct(&self.comm, self.ranks, round, buf, n, &mut self.requests)?
         } else {
@@ -108,7 +108,10 @@ impl SlabTransport for Mpi {
         let Some(mut buf) = got else {
             return Err(round.timed_out());
         };
-        slab.exchange(&mut buf);
+        if !slab.exchange(&mut buf) {
+            // Not reached: MPI gave back the buffer made from this slab.
+            slab.copy_from_slice(&buf[..len]);
+        }
         self.buf = buf;
         Ok(())
     }

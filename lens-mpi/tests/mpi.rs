@@ -22,6 +22,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("slab_boundaries", 3, true),
     ("ten_thousand_rounds", 2, true),
     ("carrier_on_every_rank", 3, true),
+    ("slab_size_mismatch", 2, true),
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
 ];
@@ -219,6 +220,33 @@ fn rank_main(case: &str) {
                 .expect("a carrier");
             assert_eq!(got.source_rank(), Some(1));
             assert!(got.span_context().is_some());
+        }
+        "slab_size_mismatch" => {
+            // Rank 0 (the root) uses 256-byte slabs, rank 1 128-byte ones; the root's slab
+            // message fits in rank 1's, whose header check names the difference.
+            let size = if me == 0 { 256 } else { 128 };
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .slab_size(size)
+                    .build(),
+                "build",
+            );
+            let got = blocking::broadcast(&b, 0, (me == 0).then_some(&b"short"[..]));
+            match (me, got) {
+                (0, Ok(bytes)) => assert_eq!(bytes, b"short"),
+                (1, Err(Error::Mismatch { reason })) => {
+                    assert!(
+                        reason.contains("256-byte") && reason.contains("128-byte"),
+                        "{reason}"
+                    );
+                    // And the group refuses later rounds.
+                    assert!(matches!(
+                        blocking::broadcast(&b, 0, None),
+                        Err(Error::Closed { .. })
+                    ));
+                }
+                (rank, other) => panic!("rank {rank}: unexpected {other:?}"),
+            }
         }
         "settings_from_the_environment" => {
             let b = check(

@@ -106,6 +106,7 @@ impl Slab {
 
     /// Swaps the slab's bytes with `buf`'s, when both are as long (else `false`, and nothing
     /// changes). No bytes are copied: the two allocations change hands.
+    #[must_use]
     pub fn exchange(&mut self, buf: &mut Box<[u8]>) -> bool {
         if buf.len() != self.0.len() {
             return false;
