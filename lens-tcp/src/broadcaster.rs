@@ -1,27 +1,29 @@
 //! [`TcpBroadcaster`]: start (bind or connect), the rendezvous, and the `Broadcaster` impl.
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, Error, Result};
 
+use crate::budget::{Descriptors, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
 use crate::frame::{Codec, HEADER, Kind, MAX_ENDPOINT, TAG, payload};
 use crate::group::{Group, Input, nonce};
+use crate::keeper::{Keeper, lock};
 use crate::net::{BACKEND, ConnId, Limits, Net, Side};
 use crate::tree::Tree;
 
 /// How long an accepted connection may take to prove the key before it is closed.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Accepted connections that have not proven the key; past this the oldest is closed.
-pub(crate) const MAX_UNPROVEN: usize = 64;
 /// Frames a connection may send before it proves the key (a KNOCK and a HELLO, with room
 /// for retries).
 const UNPROVEN_FRAMES: u32 = 16;
 /// Messages queued per connection and direction.
 const QUEUE: i32 = 64;
+/// The longest listening queue, however many ranks join at once (see `Limits::backlog`).
+const MAX_BACKLOG: usize = 128;
 /// A joiner knocks again this often while the server has not answered.
 const KNOCK_RETRY: Duration = Duration::from_secs(1);
 
@@ -37,14 +39,18 @@ const KNOCK_RETRY: Duration = Duration::from_secs(1);
 ///
 /// `broadcast` blocks the calling thread until its round completes or its deadline passes:
 /// with several ranks in one process give each its own thread (with
-/// [`lens_core::blocking`]) or a blocking task. A rank serves joins (a peer that
-/// reconnected, a duplicate) while it takes part in a collective.
+/// [`lens_core::blocking`]) or a blocking task. Between rounds a thread of the rank's own
+/// (`lens-tcp-keeper-<rank>`, asleep while nothing arrives) serves its connections: a peer
+/// that reconnects is admitted again, and strangers are held to the same limits as during
+/// a round.
 pub struct TcpBroadcaster {
     rank: usize,
     world_size: usize,
     timeout: Duration,
     max_payload: usize,
-    group: Mutex<Group>,
+    // Stopped (and joined) before the group is dropped.
+    keeper: Keeper,
+    group: Arc<Mutex<Group>>,
 }
 
 impl std::fmt::Debug for TcpBroadcaster {
@@ -126,16 +132,28 @@ impl TcpBroadcaster {
     pub fn start(config: TcpConfig) -> Result<Rendezvous> {
         let codec = Codec::new(&config.key)?;
         let n = config.world_size;
+        let rank = config.rank;
         let tree = Tree::new(n, config.fan_out);
+        let max_unproven = unproven_cap(
+            Descriptors::of_this_process(),
+            rank,
+            n,
+            peer_connections(tree, rank),
+        )?;
+        let joiners = if rank == 0 {
+            n - 1
+        } else {
+            tree.children(rank).len()
+        };
         let limits = Limits {
             max_frame: max_frame(&config, tree),
             handshake: HANDSHAKE_TIMEOUT,
-            max_unproven: MAX_UNPROVEN,
+            max_unproven,
             unproven_frames: UNPROVEN_FRAMES,
             hwm: QUEUE,
+            backlog: max_unproven.max(joiners.min(MAX_BACKLOG)),
         };
         let mut net = Net::new(codec, limits);
-        let rank = config.rank;
         let addrs = resolve(&config.addr)?;
         let mut local_addr = None;
         let mut endpoint = String::new();
@@ -183,8 +201,19 @@ impl TcpBroadcaster {
     }
 
     fn group(&self) -> MutexGuard<'_, Group> {
-        self.group.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.group)
     }
+}
+
+/// The connections rank `rank` keeps to proven peers: rank 0 one per rank (it serves joins
+/// and verdicts over the star), others one to rank 0, one to a tree parent other than 0,
+/// and one per tree child.
+fn peer_connections(tree: Tree, rank: usize) -> usize {
+    if rank == 0 {
+        return tree.n.saturating_sub(1);
+    }
+    let parent = usize::from(tree.parent(rank).is_some_and(|p| p != 0));
+    1 + parent + tree.children(rank).len()
 }
 
 impl Rendezvous {
@@ -217,12 +246,14 @@ impl Rendezvous {
             }
         }
         tracing::debug!(rank = self.config.rank, world = g.n, "TCP group formed");
+        let group = Arc::new(Mutex::new(self.group));
         Ok(TcpBroadcaster {
             rank: self.config.rank,
             world_size: self.config.world_size,
             timeout: self.config.timeout,
             max_payload: self.config.max_payload,
-            group: Mutex::new(self.group),
+            keeper: Keeper::start(Arc::clone(&group), self.config.rank)?,
+            group,
         })
     }
 }
@@ -231,23 +262,30 @@ fn missing_ranks(g: &Group) -> Vec<usize> {
     (1..g.n).filter(|&r| g.peers[r].is_none()).collect()
 }
 
-/// Why a join failed, with what this rank saw meanwhile.
+/// Why a join failed, with what this rank saw meanwhile: a disagreement of ranks that
+/// proved the key is a [`Error::Mismatch`]; otherwise the missing ranks are the error, and
+/// connections that failed the key check are counted beside them (anyone can send one, so
+/// they are not blamed).
 fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+    let bad_key = g.diag.bad_key_summary();
+    if !bad_key.is_empty() {
+        tracing::warn!(?missing, "the group did not form; meanwhile {bad_key}");
+    }
     if g.diag.notes.is_empty() {
         return Error::Timeout {
             after: start.elapsed(),
             missing,
         };
     }
-    let reason = format!(
-        "rank(s) {missing:?} did not join within {:?}; meanwhile: {}",
-        start.elapsed(),
-        g.diag.notes.join("; ")
-    );
-    if g.diag.wrong_key {
-        Error::Unauthenticated { reason }
-    } else {
-        Error::Mismatch { reason }
+    let mut seen = g.diag.notes.join("; ");
+    if !bad_key.is_empty() {
+        seen = format!("{seen}; {bad_key}");
+    }
+    Error::Mismatch {
+        reason: format!(
+            "rank(s) {missing:?} did not join within {:?}; meanwhile: {seen}",
+            start.elapsed()
+        ),
     }
 }
 
@@ -479,6 +517,12 @@ impl Broadcaster for TcpBroadcaster {
             if g.up_side() == Side::Parent {
                 g.knock(Side::Parent)?;
             }
+        }
+        // Leave nothing queued, so that the sockets' descriptors signal the keeper again
+        // when something arrives; if more is queued than a moment serves, the keeper goes on.
+        g.serve_idle(Duration::ZERO)?;
+        if !g.net.drained() {
+            self.keeper.poke();
         }
         result
     }

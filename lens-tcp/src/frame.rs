@@ -22,7 +22,7 @@
 //! | DATA | the round's payload |
 //! | ACK, FAIL | ranks (u32 each): missing below the sender / missing in the round |
 //! | JOIN FAIL | the joiner's nonce, then the ranks that never joined (u32 each) |
-//! | DONE, REAUTH | empty |
+//! | DONE | empty |
 //! | KEY MISMATCH | empty, and its tag is not checked: a hint to a peer whose key differs |
 //!
 //! Checks run cheapest first (length, magic, kind, what the connection may send) so a
@@ -67,9 +67,6 @@ pub(crate) enum Kind {
     Fail = 9,
     /// Rank 0 gave up forming the group.
     JoinFail = 10,
-    /// The server saw a frame of this session on a connection that has not proven the key
-    /// (the peer reconnected): join again.
-    Reauth = 11,
     /// Unsigned hint: a KNOCK failed authentication here.
     KeyMismatch = 12,
 }
@@ -87,7 +84,7 @@ impl Kind {
             8 => Kind::Done,
             9 => Kind::Fail,
             10 => Kind::JoinFail,
-            11 => Kind::Reauth,
+            // 11 was a request to join again; a rank that reconnects knocks by itself.
             12 => Kind::KeyMismatch,
             _ => return None,
         })

@@ -34,15 +34,21 @@ pub(crate) enum Input {
     Admitted(usize),
     /// The server says this rank's KNOCK failed authentication.
     KeyHint,
-    /// Rank 0 or the tree parent answered this rank's knock: it holds the key.
-    Proven,
+    /// Rank 0 (`Side::Hub`) or the tree parent answered this rank's knock: it holds the
+    /// key, and the connection carries this rank's frames again.
+    Proven(Side),
 }
 
 /// Causes worth reporting when a join fails.
 #[derive(Debug, Default)]
 pub(crate) struct Diagnostics {
+    /// What authenticated peers disagreed about (world size, a group already formed).
     pub notes: Vec<String>,
-    pub wrong_key: bool,
+    /// Connections whose KNOCK or HELLO failed the key check: a rank with another key, or
+    /// a stranger (whose frames anyone can forge), so they are counted, never blamed.
+    pub bad_key: usize,
+    /// Where the first few of those came from.
+    pub bad_key_from: Vec<String>,
 }
 
 impl Diagnostics {
@@ -50,6 +56,19 @@ impl Diagnostics {
         if !self.notes.contains(&s) && self.notes.len() < 8 {
             self.notes.push(s);
         }
+    }
+
+    /// The connections that failed the key check, for an error message; empty when there
+    /// were none.
+    pub(crate) fn bad_key_summary(&self) -> String {
+        if self.bad_key == 0 {
+            return String::new();
+        }
+        format!(
+            "{} connection(s) failed the key check (a rank with another job key, or a stranger) from {}",
+            self.bad_key,
+            self.bad_key_from.join(", ")
+        )
     }
 }
 
@@ -71,6 +90,12 @@ pub(crate) struct Group {
     /// The nonce of this rank's last KNOCK, per outbound side.
     knocked: HashMap<Side, Nonce>,
     pub pending: VecDeque<(ConnId, Frame)>,
+    /// A member's last acknowledgement (its round, and the frame), sent again when that
+    /// round's data comes again: the first may have died with a reset connection.
+    pub last_ack: Option<(u64, Vec<u8>)>,
+    /// Rank 0's last verdict to a root other than itself (round, root, DONE or FAIL frame),
+    /// sent again when that root sends the round's data again.
+    pub last_verdict: Option<(u64, usize, Vec<u8>)>,
     pub diag: Diagnostics,
 }
 
@@ -106,6 +131,8 @@ impl Group {
             endpoint,
             knocked: HashMap::new(),
             pending: VecDeque::new(),
+            last_ack: None,
+            last_verdict: None,
             diag: Diagnostics::default(),
         }
     }
@@ -165,8 +192,22 @@ impl Group {
     /// The next input, or `None` at the deadline. Join frames from peers are served here,
     /// whatever this rank is doing, so a peer that reconnects is admitted again mid-job.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Option<Input>> {
+        self.next_with(deadline, true)
+    }
+
+    /// The next input that is ready now; `None` when nothing is, or `until` has passed.
+    pub(crate) fn next_ready(&mut self, until: Instant) -> Result<Option<Input>> {
+        self.next_with(until, false)
+    }
+
+    fn next_with(&mut self, deadline: Instant, sleep: bool) -> Result<Option<Input>> {
         loop {
-            let Some(event) = self.net.recv(deadline)? else {
+            let event = if sleep {
+                self.net.recv(deadline)?
+            } else {
+                self.net.recv_ready(deadline)?
+            };
+            let Some(event) = event else {
                 return Ok(None);
             };
             match event {
@@ -177,11 +218,11 @@ impl Group {
                 }
                 Event::Closed(conn) => {
                     if let Some(r) = self.peers.iter().position(|p| p.as_ref() == Some(&conn)) {
+                        // It may come back (a reset, a restart) and prove itself again; until
+                        // then a round counts it as unreached instead of sending into the
+                        // dead connection.
                         tracing::info!(rank = r, "a rank's connection closed");
-                        if !self.formed() {
-                            // It may come back (a restart) and prove itself again.
-                            self.peers[r] = None;
-                        }
+                        self.peers[r] = None;
                     }
                 }
                 Event::KeyHint => return Ok(Some(Input::KeyHint)),
@@ -201,9 +242,10 @@ impl Group {
         match (conn.side, why) {
             (Side::Listen, Reject::BadTag(Kind::Knock | Kind::Hello)) => {
                 tracing::warn!(%from, "a peer knocked with a wrong job key");
-                self.diag.wrong_key = true;
-                self.diag
-                    .note(format!("a peer at {from} knocked with a different job key"));
+                self.diag.bad_key += 1;
+                if self.diag.bad_key_from.len() < 4 && !self.diag.bad_key_from.contains(&from) {
+                    self.diag.bad_key_from.push(from);
+                }
                 let hint = self.net.codec().encode(Kind::KeyMismatch, 0, 0, 0, 0, &[]);
                 let _ = self.net.send(conn, &hint);
                 self.net.close(conn);
@@ -228,11 +270,8 @@ impl Group {
                 return self.serve_join(&conn, &f);
             }
             let Some(rank) = self.net.verified(&conn) else {
-                // A frame of this session on a new connection: its rank reconnected.
-                if self.formed() && f.session == self.session {
-                    let reauth = self.frame(Kind::Reauth, 0, 0, &[]);
-                    let _ = self.net.send(&conn, &reauth);
-                }
+                // Net lets only join frames through before a connection proves the key;
+                // nothing is answered to a connection that has proven nothing.
                 return Ok(None);
             };
             if f.sender as usize != rank || f.session != self.session {
@@ -263,22 +302,12 @@ impl Group {
                             &payload::hello(wire(self.n), &s, &self.endpoint),
                         );
                         let _ = self.net.send(&conn, &hello);
-                        return Ok(Some(Input::Proven));
+                        return Ok(Some(Input::Proven(side)));
                     }
                     _ => tracing::warn!(
                         ?side,
                         "dropped a challenge that does not answer this rank's knock (replayed?)"
                     ),
-                }
-                Ok(None)
-            }
-            Kind::Reauth => {
-                if self.formed() && f.session == self.session {
-                    tracing::info!(
-                        ?side,
-                        "asked to prove the key again (the connection was reset)"
-                    );
-                    self.knock(side)?;
                 }
                 Ok(None)
             }

@@ -30,9 +30,11 @@
 )]
 
 mod broadcaster;
+mod budget;
 mod config;
 mod frame;
 mod group;
+mod keeper;
 mod key;
 mod loopback;
 mod net;

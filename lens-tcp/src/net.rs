@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use lens_core::{Error, Result};
@@ -66,6 +67,12 @@ pub(crate) struct Limits {
     pub unproven_frames: u32,
     /// Messages queued per connection in each direction (libzmq's high-water marks).
     pub hwm: i32,
+    /// Connections the kernel holds that libzmq has not accepted yet. libzmq accepts them
+    /// in a burst when it catches up, before lens can close any, so a short queue keeps a
+    /// stranger's burst of descriptors small; an honest joiner that finds it full retries
+    /// its SYN (after a second), so it is no shorter than the joiners this rank expects at
+    /// once.
+    pub backlog: usize,
 }
 
 #[derive(Debug)]
@@ -140,6 +147,8 @@ pub(crate) struct Net {
     /// cap; entries whose connection has since proven the key or closed are skipped when
     /// met, so no pass over every connection is made per message.
     unproven: VecDeque<(Instant, ConnId)>,
+    /// The last read pass found every socket empty.
+    drained: bool,
 }
 
 /// Sends `[id, bytes]` without waiting. libzmq may answer `EINTR` even then (a signal
@@ -180,6 +189,7 @@ impl Net {
             turn: 0,
             events: VecDeque::new(),
             unproven: VecDeque::new(),
+            drained: true,
         }
     }
 
@@ -221,6 +231,9 @@ impl Net {
     pub(crate) fn listen(&mut self, addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>> {
         let ipv6 = addrs.iter().any(SocketAddr::is_ipv6);
         let s = self.socket(ipv6)?;
+        let backlog = i32::try_from(self.limits.backlog).unwrap_or(i32::MAX);
+        s.set_backlog(backlog)
+            .map_err(zmq_err("set the listening queue"))?;
         let mut bound: Vec<SocketAddr> = Vec::new();
         let mut last_err = None;
         for &a in addrs {
@@ -360,15 +373,29 @@ impl Net {
     /// The next event, or `None` at the deadline. Connections that are slow to prove the
     /// key are closed on the way.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Option<Event>> {
+        self.next_event(deadline, true)
+    }
+
+    /// The next event that is ready now, or `None` when nothing is queued or `until` has
+    /// passed; never sleeps. After `None`, [`Net::drained`] says which of the two it was.
+    pub(crate) fn recv_ready(&mut self, until: Instant) -> Result<Option<Event>> {
+        self.next_event(until, false)
+    }
+
+    /// Whether the last [`Net::recv_ready`] or [`Net::recv`] that returned `None` left
+    /// nothing queued: every socket answered `EAGAIN`, so libzmq signals the sockets'
+    /// descriptors ([`Net::wait_fds`]) again when something arrives.
+    pub(crate) fn drained(&self) -> bool {
+        self.drained
+    }
+
+    fn next_event(&mut self, deadline: Instant, sleep: bool) -> Result<Option<Event>> {
         loop {
             if let Some(e) = self.events.pop_front() {
                 return Ok(Some(e));
             }
             let now = Instant::now();
             let next_expiry = self.expire(now);
-            if now >= deadline {
-                return Ok(None);
-            }
             // One message from each socket per pass, starting with a different socket each
             // time, so that no socket starves another.
             self.turn = self.turn.wrapping_add(1);
@@ -376,8 +403,12 @@ impl Net {
             for i in 0..SIDES.len() {
                 got |= self.read_one(SIDES[(i + self.turn) % SIDES.len()])?;
             }
-            if got {
+            self.drained = !got;
+            if got && (now < deadline || !self.events.is_empty()) {
                 continue;
+            }
+            if now >= deadline || !sleep {
+                return Ok(None);
             }
             // Nothing queued: sleep in poll until something arrives or a deadline passes.
             let wait = deadline.min(next_expiry).saturating_duration_since(now);
@@ -392,6 +423,24 @@ impl Net {
                 Err(e) => return Err(Error::transport(BACKEND, "poll", e)),
             }
         }
+    }
+
+    /// The descriptors libzmq signals when something may have arrived on one of this
+    /// rank's sockets (`ZMQ_FD`): another thread may sleep in `poll(2)` on them while no
+    /// round runs. They signal edges: only after a pass that left the sockets
+    /// [`Net::drained`] does a later arrival signal again.
+    pub(crate) fn wait_fds(&self) -> Vec<RawFd> {
+        SIDES
+            .iter()
+            .filter_map(|s| self.sock(*s).and_then(|k| k.get_fd().ok()))
+            .collect()
+    }
+
+    /// When the oldest unproven connection's handshake deadline passes, if one waits.
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        self.unproven
+            .front()
+            .map(|(opened, _)| *opened + self.limits.handshake)
     }
 
     fn sock(&self, side: Side) -> Option<&zmq::Socket> {
@@ -561,13 +610,15 @@ impl Net {
                 }
             }
             let allowed = |k: Kind| match conn.side {
-                // Data and acks on an unproven connection: a rank that reconnected, to be
-                // told to join again.
+                // Only join frames until the connection proves the key: a rank that
+                // reconnected knocks again by itself.
+                // Data and acks on a connection that has not proven the key yet: a rank that
+                // reconnected may send them right behind its HELLO, which is decoded in the
+                // same pass; the group drops them unless the HELLO admitted the connection.
                 Side::Listen => matches!(k, Kind::Knock | Kind::Hello | Kind::Data | Kind::Ack),
-                Side::Hub | Side::Parent if !proven => matches!(
-                    k,
-                    Kind::Challenge | Kind::Reject | Kind::JoinFail | Kind::Reauth
-                ),
+                Side::Hub | Side::Parent if !proven => {
+                    matches!(k, Kind::Challenge | Kind::Reject | Kind::JoinFail)
+                }
                 Side::Hub | Side::Parent => !matches!(k, Kind::Knock | Kind::Hello | Kind::Ack),
             };
             match self.codec.decode(&bytes, allowed) {

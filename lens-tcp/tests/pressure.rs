@@ -132,6 +132,26 @@ fn idle_connections_cannot_exhaust_descriptors() {
     drop(idle);
 }
 
+/// Rank 0 of a star of 64 ranks in a process that may open 48 descriptors: it could never
+/// hold its 63 peers, so `start` fails at once with a configuration error that names the
+/// limit and the `ulimit -n` it needs, instead of running out of descriptors mid-join.
+#[test]
+fn a_descriptor_limit_too_low_is_named_at_start() {
+    let (ok, out) = finish(child("lowlimit", &["prlimit", "--nofile=48:48", "--"]));
+    assert!(ok, "{out}");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ERROR "))
+        .unwrap_or_else(|| panic!("no error in:\n{out}"));
+    assert!(
+        line.contains("invalid configuration")
+            && line.contains("RLIMIT_NOFILE")
+            && line.contains("only 48")
+            && line.contains("ulimit -n"),
+        "{line}"
+    );
+}
+
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -233,6 +253,16 @@ fn pressure_child() {
                 blocking::broadcast(&hub, 0, Some(&[round][..])).expect("round");
             }
             println!("JOINED");
+        }
+        "lowlimit" => {
+            let err = TcpBroadcaster::start(common::config(
+                0,
+                64,
+                "127.0.0.1:0",
+                Duration::from_secs(10),
+            ))
+            .expect_err("a limit too low for 63 peers");
+            println!("ERROR {err}");
         }
         other => panic!("unknown case {other}"),
     }

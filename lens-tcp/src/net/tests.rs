@@ -16,6 +16,7 @@ fn limits() -> Limits {
         max_unproven: 64,
         unproven_frames: 16,
         hwm: 64,
+        backlog: 64,
     }
 }
 

@@ -1,0 +1,124 @@
+//! The keeper: one thread per rank that serves the rank's connections while no round runs.
+//!
+//! libzmq's I/O thread accepts connections whenever they come, but lens reads their
+//! notices, closes strangers and expires handshakes only when something reads the sockets.
+//! A training loop calls `broadcast` once a step and a step takes seconds, so without the
+//! keeper every limit on strangers would hold only during the few microseconds of a round,
+//! and a stranger could fill the process with connections in between. The keeper sleeps in
+//! `poll(2)` on the sockets' `ZMQ_FD` descriptors (no lock held), and when one signals, or a
+//! handshake deadline passes, it takes the group's lock, serves what is queued for at most
+//! [`SLICE`], and lets go. A round takes the same lock, so the two never touch a socket at
+//! once; a round drains the sockets before it returns (which re-arms their descriptors),
+//! and pokes the keeper when it could not.
+//!
+//! Cost: one thread per rank, asleep while nothing arrives; one wake-up per round that
+//! receives anything (it finds the lock free once the round returns, and nothing to do).
+
+use std::io::{Read as _, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lens_core::{Error, Result};
+
+use crate::group::Group;
+use crate::net::BACKEND;
+
+/// The longest the keeper holds the lock at a time: a round waits at most this long for it.
+pub(crate) const SLICE: Duration = Duration::from_micros(500);
+/// The keeper looks at the sockets at least this often, even when no descriptor signals.
+const MAX_SLEEP: Duration = Duration::from_millis(250);
+
+pub(crate) fn lock(group: &Mutex<Group>) -> MutexGuard<'_, Group> {
+    // A panic elsewhere while holding the lock leaves the group as consistent as any
+    // failed round does: the next round starts over.
+    group.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The keeper of one rank; stops (and is joined) when dropped.
+#[derive(Debug)]
+pub(crate) struct Keeper {
+    /// Writing a byte wakes the keeper; dropping it stops the keeper.
+    bell: Option<UnixStream>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Keeper {
+    pub(crate) fn start(group: Arc<Mutex<Group>>, rank: usize) -> Result<Keeper> {
+        let (bell, ear) = UnixStream::pair()
+            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+        ear.set_nonblocking(true)
+            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+        bell.set_nonblocking(true)
+            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("lens-tcp-keeper-{rank}"))
+            .spawn(move || run(&group, ear))
+            .map_err(|e| Error::transport(BACKEND, "cannot start the keeper thread", e))?;
+        Ok(Keeper {
+            bell: Some(bell),
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks the keeper to serve the sockets now (a round left something queued).
+    pub(crate) fn poke(&self) {
+        if let Some(mut bell) = self.bell.as_ref() {
+            // A full pipe already holds a wake-up: nothing is lost.
+            let _ = bell.write(&[1]);
+        }
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        drop(self.bell.take()); // the keeper sees the end of its stream and returns
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(group: &Mutex<Group>, mut ear: UnixStream) {
+    loop {
+        let (fds, wake_at, drained) = {
+            let mut g = lock(group);
+            if let Err(e) = g.serve_idle(SLICE) {
+                tracing::warn!(error = %e, "the keeper could not serve the connections");
+            }
+            (g.net.wait_fds(), g.net.next_expiry(), g.net.drained())
+        };
+        if !drained {
+            // More is queued than one slice serves: let a round in, then go on.
+            std::thread::yield_now();
+            continue;
+        }
+        let sleep = wake_at
+            .map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now()))
+            .min(MAX_SLEEP);
+        let ms = i64::try_from(sleep.as_millis().max(1)).unwrap_or(1);
+        let mut items: Vec<zmq::PollItem<'_>> = fds
+            .iter()
+            .map(|&fd| zmq::PollItem::from_fd(fd, zmq::POLLIN))
+            .collect();
+        items.push(zmq::PollItem::from_fd(ear.as_raw_fd(), zmq::POLLIN));
+        if let Err(e) = zmq::poll(&mut items, ms) {
+            if e != zmq::Error::EINTR {
+                tracing::warn!(error = %e, "the keeper's poll failed");
+                std::thread::sleep(MAX_SLEEP);
+            }
+        }
+        if items.last().is_some_and(zmq::PollItem::is_readable) {
+            let mut buf = [0u8; 64];
+            match ear.read(&mut buf) {
+                Ok(0) => return, // the group is gone
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
