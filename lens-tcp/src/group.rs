@@ -90,12 +90,10 @@ pub(crate) struct Group {
     /// The nonce of this rank's last KNOCK, per outbound side.
     knocked: HashMap<Side, Nonce>,
     pub pending: VecDeque<(ConnId, Frame)>,
-    /// A member's last acknowledgement (its round, and the frame), sent again when that
-    /// round's data comes again: the first may have died with a reset connection.
-    pub last_ack: Option<(u64, Vec<u8>)>,
-    /// Rank 0's last verdict to a root other than itself (round, root, DONE or FAIL frame),
-    /// sent again when that root sends the round's data again.
-    pub last_verdict: Option<(u64, usize, Vec<u8>)>,
+    /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
+    /// the root), said again when that round's data comes again: the first may have died
+    /// with a reset connection.
+    pub last_answer: Option<crate::round::machine::Answer>,
     pub diag: Diagnostics,
 }
 
@@ -131,8 +129,7 @@ impl Group {
             endpoint,
             knocked: HashMap::new(),
             pending: VecDeque::new(),
-            last_ack: None,
-            last_verdict: None,
+            last_answer: None,
             diag: Diagnostics::default(),
         }
     }

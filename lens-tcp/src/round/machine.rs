@@ -1,0 +1,483 @@
+//! One round on one rank as a state machine: no sockets, no clock, no group. It is fed what
+//! arrived (a frame of this round and where it came from, a rank that proved the key
+//! again, this rank's own connection proven again, the time) and sends through [`Links`],
+//! which says whether a frame could be queued. The socket layer (`round/mod.rs`) drives it
+//! for real; `round/sim.rs` drives many of them over an in-memory network in tests.
+//!
+//! The round: a root other than 0 hands its payload to rank 0, rank 0 sends it down the
+//! tree (the star is the tree with k = n - 1), each rank forwards it to its children, and
+//! acknowledgements, each naming the ranks missing below its sender, flow back up; rank 0
+//! tells the root (DONE or FAIL) and tells the ranks it could not reach that the round
+//! failed. Whatever a reset may have cut off is sent again: the data to a child that
+//! proves the key again within the round, the root's data once rank 0 answers its knock,
+//! an ack to a parent that sends the data again, the verdict to a root that does.
+
+use std::time::{Duration, Instant};
+
+use crate::frame::{Kind, payload};
+use crate::tree::Tree;
+
+/// Ranks other than 0 wait this fraction of a timeout longer than rank 0, so that they
+/// hear rank 0's verdict rather than time out on their own.
+const MEMBER_GRACE: u32 = 4; // timeout / 4
+/// The root waits this much longer again for rank 0's DONE or FAIL.
+const ROOT_GRACE: u32 = 2; // timeout / 2
+
+/// The connection a frame came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum From {
+    /// A member's connection to rank 0.
+    Hub,
+    /// A member's connection to its tree parent, when that is not rank 0.
+    Parent,
+    /// A connection this rank accepted, on which rank `r` proved the key.
+    Rank(usize),
+}
+
+/// Where a frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum To {
+    /// A member's connection to rank 0.
+    Hub,
+    /// A member's connection to its tree parent (rank 0's connection when that is it).
+    Up,
+    /// Rank `r` over the connection it proved the key on here.
+    Rank(usize),
+}
+
+/// What the machine needs from the connections.
+pub(crate) trait Links {
+    /// Queues a frame of this round (`kind`, the round's root, `payload`) for `to`; false
+    /// when there is no live connection to it now.
+    fn send(&mut self, to: To, kind: Kind, payload: &[u8]) -> bool;
+}
+
+/// Who this rank is in a round, and the round.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    pub me: usize,
+    pub tree: Tree,
+    pub round: u64,
+    pub root: usize,
+    pub timeout: Duration,
+}
+
+/// A frame of this round as the machine hears it: already authenticated and of this
+/// session, its sender the rank that proved the key on the connection it came in on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heard<'a> {
+    pub from: From,
+    pub sender: usize,
+    pub kind: Kind,
+    /// The root the frame names.
+    pub root: usize,
+    pub body: &'a [u8],
+}
+
+/// How a round ended on this rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Every rank below this one has the payload (on rank 0 and the root: every rank).
+    Delivered(Vec<u8>),
+    /// The round failed for want of these ranks.
+    Missing(Vec<usize>),
+    /// The data came from another root than this rank was told.
+    WrongRoot(usize),
+}
+
+/// What this rank said last in a finished round, to say again when the same frame comes
+/// again: a member's ack to its parent, rank 0's verdict to a root other than itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub round: u64,
+    /// The root of that round (the frame carries it).
+    pub root: usize,
+    /// The rank whose repeated DATA is answered (the parent: `None`; rank 0: the root).
+    pub asker: Option<usize>,
+    pub to: To,
+    pub kind: Kind,
+    pub payload: Vec<u8>,
+}
+
+impl Answer {
+    /// Whether a DATA frame of `round` from `from` (sent by `sender`) repeats what this
+    /// answer answered.
+    pub(crate) fn answers(&self, round: u64, from: From, sender: usize, up: From) -> bool {
+        round == self.round
+            && match self.asker {
+                None => from == up,
+                Some(root) => from == From::Rank(root) && sender == root,
+            }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Rank 0: waiting for the root's data.
+    RootData,
+    /// A member: waiting for the data from its parent (or rank 0's FAIL).
+    Data,
+    /// Forwarded; waiting for the children's acks.
+    Acks,
+    /// The root (not rank 0): acked; waiting for rank 0's DONE or FAIL.
+    Verdict,
+    Over,
+}
+
+/// One round on one rank.
+#[derive(Debug)]
+pub(crate) struct RoundMachine {
+    me: usize,
+    tree: Tree,
+    root: usize,
+    round: u64,
+    start: Instant,
+    timeout: Duration,
+    step: Step,
+    /// The root's own payload (a root other than 0), sent to rank 0 again when its
+    /// connection is proven again.
+    mine: Option<Vec<u8>>,
+    sent_mine: bool,
+    data: Vec<u8>,
+    waiting: Vec<usize>,
+    unreached: Vec<usize>,
+    missing: Vec<usize>,
+    ack_deadline: Instant,
+    answer: Option<Answer>,
+    outcome: Option<Outcome>,
+}
+
+impl RoundMachine {
+    /// Starts the round `plan` says at `now`; `mine` is the payload when this rank is the
+    /// root.
+    pub(crate) fn start(
+        links: &mut impl Links,
+        plan: Plan,
+        mine: Option<&[u8]>,
+        now: Instant,
+    ) -> RoundMachine {
+        let Plan {
+            me,
+            tree,
+            round,
+            root,
+            timeout,
+        } = plan;
+        let mut m = RoundMachine {
+            me,
+            tree,
+            root,
+            round,
+            start: now,
+            timeout,
+            step: Step::Data,
+            mine: None,
+            sent_mine: true,
+            data: Vec::new(),
+            waiting: Vec::new(),
+            unreached: Vec::new(),
+            missing: Vec::new(),
+            ack_deadline: now,
+            answer: None,
+            outcome: None,
+        };
+        match (me, mine) {
+            (0, Some(p)) => m.forward(links, p.to_vec(), now),
+            (0, None) => m.step = Step::RootData,
+            (_, Some(p)) => {
+                // Not reachable now (a connection being made again): sent again when rank 0
+                // answers this rank's knock.
+                m.sent_mine = links.send(To::Hub, Kind::Data, p);
+                m.mine = Some(p.to_vec());
+            }
+            (_, None) => {}
+        }
+        m
+    }
+
+    /// Whether the round is over on this rank.
+    pub(crate) fn is_over(&self) -> bool {
+        self.outcome.is_some()
+    }
+
+    /// The outcome, once the round is over on this rank (taken: asked once).
+    pub(crate) fn take_outcome(&mut self) -> Option<Outcome> {
+        self.outcome.take()
+    }
+
+    /// What to say again when the same frame comes again, once the round is over.
+    pub(crate) fn answer(&self) -> Option<&Answer> {
+        self.answer.as_ref()
+    }
+
+    /// How long this rank has been in the round.
+    pub(crate) fn elapsed(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.start)
+    }
+
+    /// The connection this rank's data comes in on.
+    pub(crate) fn up(tree: Tree, me: usize) -> From {
+        match tree.parent(me) {
+            Some(p) if p != 0 => From::Parent,
+            _ => From::Hub,
+        }
+    }
+
+    fn member_deadline(&self) -> Instant {
+        self.start + self.timeout + self.timeout / MEMBER_GRACE
+    }
+
+    /// When the step the machine is at gives up; [`RoundMachine::on_time`] then ends it.
+    pub(crate) fn deadline(&self) -> Instant {
+        match self.step {
+            Step::RootData => self.start + self.timeout,
+            Step::Data => self.member_deadline(),
+            Step::Acks => self.ack_deadline,
+            Step::Verdict => self.member_deadline() + self.timeout / ROOT_GRACE,
+            Step::Over => self.start,
+        }
+    }
+
+    /// A frame of this round. Returns whether the machine used it.
+    pub(crate) fn on_frame(
+        &mut self,
+        links: &mut impl Links,
+        heard: Heard<'_>,
+        now: Instant,
+    ) -> bool {
+        let Heard {
+            from,
+            sender,
+            kind,
+            root,
+            body,
+        } = heard;
+        let up = Self::up(self.tree, self.me);
+        match (self.step, kind) {
+            (Step::RootData, Kind::Data)
+                if from == From::Rank(self.root) && sender == self.root =>
+            {
+                self.forward(links, body.to_vec(), now);
+            }
+            (Step::Data, Kind::Data) if from == up => {
+                if root != self.root {
+                    self.end(Outcome::WrongRoot(root));
+                } else {
+                    self.forward(links, body.to_vec(), now);
+                }
+            }
+            (Step::Data, Kind::Fail) if from == From::Hub => {
+                self.end(Outcome::Missing(read_ranks(body)));
+            }
+            (Step::Acks, Kind::Ack) if from == From::Rank(sender) => {
+                let Some(at) = self.waiting.iter().position(|&c| c == sender) else {
+                    return false;
+                };
+                self.waiting.remove(at);
+                // An ack may only speak for the sender's own subtree.
+                let below = read_ranks(body);
+                if below.iter().any(|&r| !self.tree.is_below(r, sender)) {
+                    tracing::warn!(
+                        rank = sender,
+                        "an ack named ranks outside its subtree; ignored them"
+                    );
+                }
+                let tree = self.tree;
+                self.missing
+                    .extend(below.into_iter().filter(|&r| tree.is_below(r, sender)));
+                self.acks_done(links);
+            }
+            (Step::Verdict, Kind::Done) if from == From::Hub => {
+                let data = std::mem::take(&mut self.data);
+                self.end(Outcome::Delivered(data));
+            }
+            (Step::Verdict, Kind::Fail) if from == From::Hub => {
+                self.end(Outcome::Missing(read_ranks(body)));
+            }
+            (Step::Verdict, Kind::Data) if from == up => {
+                // The parent sends the data again (this rank proved the key again): the
+                // ack may have died with the old connection.
+                self.ack_again(links);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Rank `r` proved the key again on a new connection to this rank: what went on its old
+    /// one may be lost, so a child still owed the data gets it again.
+    pub(crate) fn on_admitted(&mut self, links: &mut impl Links, r: usize) {
+        if self.step != Step::Acks {
+            return;
+        }
+        let before = self.waiting.len() + self.unreached.len();
+        self.waiting.retain(|&w| w != r);
+        self.unreached.retain(|&u| u != r);
+        if self.waiting.len() + self.unreached.len() < before {
+            if links.send(To::Rank(r), Kind::Data, &self.data) {
+                self.waiting.push(r);
+            } else {
+                self.unreached.push(r);
+            }
+        }
+    }
+
+    /// This rank's connection to rank 0 (`From::Hub`) or its parent proved the key again.
+    pub(crate) fn on_proven(&mut self, links: &mut impl Links, side: From) {
+        if side != From::Hub || self.step == Step::Over {
+            return;
+        }
+        // The root's data, or rank 0's verdict on it, may have died with the old
+        // connection: the data again makes rank 0 carry on or say the verdict again.
+        if let Some(p) = &self.mine {
+            self.sent_mine = links.send(To::Hub, Kind::Data, p);
+        }
+    }
+
+    /// Ends the step the machine is at when its deadline has passed.
+    pub(crate) fn on_time(&mut self, links: &mut impl Links, now: Instant) {
+        if self.step == Step::Over || now < self.deadline() {
+            return;
+        }
+        match self.step {
+            Step::RootData => {
+                let fail = payload::ranks(&[self.root]);
+                for r in 1..self.tree.n {
+                    links.send(To::Rank(r), Kind::Fail, &fail);
+                }
+                self.end(Outcome::Missing(vec![self.root]));
+            }
+            Step::Data => {
+                // Silence: rank 0 relays every round and names any other missing rank, so
+                // it is rank 0 (or, in a tree, the parent) that is gone.
+                let gone = if self.sent_mine {
+                    self.tree.parent(self.me).unwrap_or(0)
+                } else {
+                    0
+                };
+                self.end(Outcome::Missing(vec![gone]));
+            }
+            Step::Acks => {
+                let tree = self.tree;
+                for c in self.waiting.drain(..).chain(self.unreached.drain(..)) {
+                    self.missing.extend(tree.subtree(c));
+                }
+                self.acks_done(links);
+            }
+            Step::Verdict => self.end(Outcome::Missing(vec![0])),
+            Step::Over => {}
+        }
+    }
+
+    /// Down to the children.
+    fn forward(&mut self, links: &mut impl Links, data: Vec<u8>, now: Instant) {
+        for c in self.tree.children(self.me) {
+            if links.send(To::Rank(c), Kind::Data, &data) {
+                self.waiting.push(c);
+            } else {
+                tracing::warn!(rank = c, "cannot reach a rank (yet)");
+                self.unreached.push(c);
+            }
+        }
+        self.data = data;
+        // Deeper ranks give up sooner, so that their parents still hear what they found.
+        // Counted from when this rank got the data, so a rank reached late still gives its
+        // children their share of the time; capped so that a root waiting for the outcome
+        // hears it.
+        let max_depth = self.tree.depth(self.tree.n - 1);
+        let depth = self.tree.depth(self.me);
+        let share = u32::try_from(max_depth + 1 - depth.min(max_depth)).unwrap_or(1);
+        let levels = u32::try_from(max_depth + 1).unwrap_or(1);
+        self.ack_deadline = (now + self.timeout * share / levels).min(self.member_deadline());
+        self.step = Step::Acks;
+        self.acks_done(links);
+    }
+
+    /// Once no child is owed an ack: report up, or (rank 0) the verdict.
+    fn acks_done(&mut self, links: &mut impl Links) {
+        if !self.waiting.is_empty() || !self.unreached.is_empty() {
+            return;
+        }
+        self.missing.sort_unstable();
+        self.missing.dedup();
+        if self.me == 0 {
+            self.verdict(links);
+            return;
+        }
+        let ack = payload::ranks(&self.missing);
+        self.answer = Some(Answer {
+            round: self.round,
+            root: self.root,
+            asker: None,
+            to: To::Up,
+            kind: Kind::Ack,
+            payload: ack,
+        });
+        // The parent sends the data again once this rank proves the key on a new
+        // connection, and hears the ack then.
+        self.ack_again(links);
+        if self.me == self.root {
+            self.step = Step::Verdict;
+        } else {
+            let data = std::mem::take(&mut self.data);
+            self.end(Outcome::Delivered(data));
+        }
+    }
+
+    fn ack_again(&mut self, links: &mut impl Links) {
+        if let Some(a) = &self.answer {
+            if !links.send(a.to, a.kind, &a.payload) {
+                tracing::debug!("the ack waits for a reconnection");
+            }
+        }
+    }
+
+    /// Rank 0: the round's outcome, told to the root (when another rank) and to the ranks
+    /// it could not reach.
+    fn verdict(&mut self, links: &mut impl Links) {
+        let root = self.root;
+        let missing = std::mem::take(&mut self.missing);
+        let (kind, body) = if missing.is_empty() {
+            (Kind::Done, Vec::new())
+        } else {
+            (Kind::Fail, payload::ranks(&missing))
+        };
+        if root != 0 {
+            self.answer = Some(Answer {
+                round: self.round,
+                root,
+                asker: Some(root),
+                to: To::Rank(root),
+                kind,
+                payload: body.clone(),
+            });
+            if !links.send(To::Rank(root), kind, &body) {
+                // The root hears it when it proves the key again and sends its data again.
+                tracing::warn!(
+                    rank = root,
+                    "cannot tell the root how its round ended (yet)"
+                );
+            }
+        }
+        if missing.is_empty() {
+            let data = std::mem::take(&mut self.data);
+            self.end(Outcome::Delivered(data));
+            return;
+        }
+        for &r in &missing {
+            if r != 0 && r != root {
+                links.send(To::Rank(r), Kind::Fail, &body);
+            }
+        }
+        self.end(Outcome::Missing(missing));
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        self.step = Step::Over;
+        self.outcome = Some(outcome);
+    }
+}
+
+fn read_ranks(body: &[u8]) -> Vec<usize> {
+    payload::read_ranks(body).unwrap_or_default()
+}
