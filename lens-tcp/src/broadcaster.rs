@@ -518,11 +518,14 @@ impl Broadcaster for TcpBroadcaster {
                 g.knock(Side::Parent)?;
             }
         }
-        // Leave nothing queued, so that the sockets' descriptors signal the keeper again
-        // when something arrives; if more is queued than a moment serves, the keeper goes on.
-        g.serve_idle(Duration::ZERO)?;
-        if !g.net.drained() {
-            self.keeper.poke();
+        // While strangers are connected the keeper sleeps on the sockets' descriptors,
+        // which signal again only once nothing is queued: leave nothing queued, and if more
+        // is queued than a moment serves, the keeper goes on.
+        if g.net.unsettled() {
+            g.serve_idle(Duration::ZERO)?;
+            if !g.net.drained() {
+                self.keeper.poke();
+            }
         }
         result
     }

@@ -4,15 +4,19 @@
 //! notices, closes strangers and expires handshakes only when something reads the sockets.
 //! A training loop calls `broadcast` once a step and a step takes seconds, so without the
 //! keeper every limit on strangers would hold only during the few microseconds of a round,
-//! and a stranger could fill the process with connections in between. The keeper sleeps in
-//! `poll(2)` on the sockets' `ZMQ_FD` descriptors (no lock held), and when one signals, or a
-//! handshake deadline passes, it takes the group's lock, serves what is queued for at most
-//! [`SLICE`], and lets go. A round takes the same lock, so the two never touch a socket at
-//! once; a round drains the sockets before it returns (which re-arms their descriptors),
-//! and pokes the keeper when it could not.
+//! and a stranger could fill the process with connections in between.
 //!
-//! Cost: one thread per rank, asleep while nothing arrives; one wake-up per round that
-//! receives anything (it finds the lock free once the round returns, and nothing to do).
+//! The keeper sleeps in `poll(2)`, without the group's lock, on libzmq's reports of
+//! connections accepted, made or lost ([`Net::watch`](crate::net::Net::watch)) and, while
+//! some connection has not proven the key, on the sockets themselves (`ZMQ_FD`); also when
+//! the next handshake deadline passes, and at least every [`MAX_SLEEP`]. Then it takes the
+//! lock, serves what is queued for at most [`SLICE`], and lets go. A round takes the same
+//! lock, so the two never touch a socket at once.
+//!
+//! Cost: one thread per rank, asleep while nothing happens. Rounds between proven peers do
+//! not wake it (messages are not reported); while strangers are connected, a round that
+//! receives anything wakes it once, and a round drains the sockets before it returns so
+//! that their descriptors signal the keeper again.
 
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
@@ -47,6 +51,7 @@ pub(crate) struct Keeper {
 
 impl Keeper {
     pub(crate) fn start(group: Arc<Mutex<Group>>, rank: usize) -> Result<Keeper> {
+        let watchers = lock(&group).net.watch()?;
         let (bell, ear) = UnixStream::pair()
             .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
         ear.set_nonblocking(true)
@@ -55,7 +60,7 @@ impl Keeper {
             .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
         let thread = std::thread::Builder::new()
             .name(format!("lens-tcp-keeper-{rank}"))
-            .spawn(move || run(&group, ear))
+            .spawn(move || run(&group, ear, &watchers))
             .map_err(|e| Error::transport(BACKEND, "cannot start the keeper thread", e))?;
         Ok(Keeper {
             bell: Some(bell),
@@ -81,14 +86,19 @@ impl Drop for Keeper {
     }
 }
 
-fn run(group: &Mutex<Group>, mut ear: UnixStream) {
+fn run(group: &Mutex<Group>, mut ear: UnixStream, watchers: &[zmq::Socket]) {
     loop {
         let (fds, wake_at, drained) = {
             let mut g = lock(group);
             if let Err(e) = g.serve_idle(SLICE) {
                 tracing::warn!(error = %e, "the keeper could not serve the connections");
             }
-            (g.net.wait_fds(), g.net.next_expiry(), g.net.drained())
+            let fds = if g.net.unsettled() {
+                g.net.wait_fds()
+            } else {
+                Vec::new()
+            };
+            (fds, g.net.next_expiry(), g.net.drained())
         };
         if !drained {
             // More is queued than one slice serves: let a round in, then go on.
@@ -99,9 +109,13 @@ fn run(group: &Mutex<Group>, mut ear: UnixStream) {
             .map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now()))
             .min(MAX_SLEEP);
         let ms = i64::try_from(sleep.as_millis().max(1)).unwrap_or(1);
-        let mut items: Vec<zmq::PollItem<'_>> = fds
+        let mut items: Vec<zmq::PollItem<'_>> = watchers
             .iter()
-            .map(|&fd| zmq::PollItem::from_fd(fd, zmq::POLLIN))
+            .map(|w| w.as_poll_item(zmq::POLLIN))
+            .chain(
+                fds.iter()
+                    .map(|&fd| zmq::PollItem::from_fd(fd, zmq::POLLIN)),
+            )
             .collect();
         items.push(zmq::PollItem::from_fd(ear.as_raw_fd(), zmq::POLLIN));
         if let Err(e) = zmq::poll(&mut items, ms) {
@@ -110,7 +124,13 @@ fn run(group: &Mutex<Group>, mut ear: UnixStream) {
                 std::thread::sleep(MAX_SLEEP);
             }
         }
-        if items.last().is_some_and(zmq::PollItem::is_readable) {
+        let stop = items.last().is_some_and(zmq::PollItem::is_readable);
+        drop(items);
+        // The reports only wake the keeper; what happened is read from the sockets.
+        for w in watchers {
+            while w.recv_bytes(zmq::DONTWAIT).is_ok() {}
+        }
+        if stop {
             let mut buf = [0u8; 64];
             match ear.read(&mut buf) {
                 Ok(0) => return, // the group is gone

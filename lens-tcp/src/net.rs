@@ -13,6 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lens_core::{Error, Result};
@@ -20,6 +21,8 @@ use lens_core::{Error, Result};
 use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Nonce, Reassembler, Reject};
 
 pub(crate) const BACKEND: &str = "tcp";
+/// Names each socket monitor's endpoint uniquely in the process.
+static MONITORS: AtomicU64 = AtomicU64::new(0);
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
 pub(crate) fn zmq_err(what: &str) -> impl FnOnce(zmq::Error) -> Error + '_ {
@@ -434,6 +437,48 @@ impl Net {
             .iter()
             .filter_map(|s| self.sock(*s).and_then(|k| k.get_fd().ok()))
             .collect()
+    }
+
+    /// Asks libzmq to report when a connection is accepted (or cannot be), made or lost on
+    /// any of this rank's sockets; returns a socket per monitored socket on which the
+    /// reports arrive. Messages on the connections are not reported, so a keeper that
+    /// sleeps on these alone is not woken by every round.
+    pub(crate) fn watch(&self) -> Result<Vec<zmq::Socket>> {
+        let events = [
+            zmq::SocketEvent::ACCEPTED,
+            zmq::SocketEvent::ACCEPT_FAILED,
+            zmq::SocketEvent::CONNECTED,
+            zmq::SocketEvent::DISCONNECTED,
+        ]
+        .iter()
+        .fold(0i32, |m, e| m | i32::from(e.to_raw()));
+        let mut watchers = Vec::new();
+        for side in SIDES {
+            let Some(sock) = self.sock(side) else {
+                continue;
+            };
+            let endpoint = format!(
+                "inproc://lens-tcp-monitor-{}",
+                MONITORS.fetch_add(1, Ordering::Relaxed)
+            );
+            sock.monitor(&endpoint, events)
+                .map_err(zmq_err("monitor a socket"))?;
+            let pair = self
+                .ctx
+                .socket(zmq::PAIR)
+                .map_err(zmq_err("create a monitor socket"))?;
+            pair.set_linger(0).map_err(zmq_err("set linger"))?;
+            pair.connect(&endpoint)
+                .map_err(zmq_err("connect a monitor socket"))?;
+            watchers.push(pair);
+        }
+        Ok(watchers)
+    }
+
+    /// Whether a connection has not proven the key (a stranger, a joiner, this rank's own
+    /// connection made again): until it does or goes, its frames need serving as they come.
+    pub(crate) fn unsettled(&self) -> bool {
+        self.conns.values().any(|c| c.verified.is_none())
     }
 
     /// When the oldest unproven connection's handshake deadline passes, if one waits.
