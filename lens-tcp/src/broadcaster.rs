@@ -9,10 +9,11 @@ use lens_core::{Broadcaster, Error, Result};
 
 use crate::budget::{Descriptors, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
-use crate::frame::{Codec, HEADER, Kind, MAX_ENDPOINT, TAG, payload};
-use crate::group::{Group, Input, nonce};
+use crate::frame::{Codec, HEADER, MAX_ENDPOINT, TAG};
+use crate::group::Group;
+use crate::join::{form_as_hub, join_as_member};
 use crate::keeper::{Keeper, lock};
-use crate::net::{BACKEND, ConnId, Limits, Net, Side};
+use crate::net::{BACKEND, Limits, Net, Side};
 use crate::tree::Tree;
 
 /// How long an accepted connection may take to prove the key before it is closed.
@@ -24,8 +25,6 @@ const UNPROVEN_FRAMES: u32 = 16;
 const QUEUE: i32 = 64;
 /// The longest listening queue, however many ranks join at once (see `Limits::backlog`).
 const MAX_BACKLOG: usize = 128;
-/// A joiner knocks again this often while the server has not answered.
-const KNOCK_RETRY: Duration = Duration::from_secs(1);
 
 /// One rank of a group that broadcasts over ZeroMQ on TCP.
 ///
@@ -137,7 +136,7 @@ impl TcpBroadcaster {
         let max_unproven = unproven_cap(
             Descriptors::of_this_process(),
             rank,
-            n,
+            tree,
             peer_connections(tree, rank),
         )?;
         let joiners = if rank == 0 {
@@ -255,236 +254,6 @@ impl Rendezvous {
             keeper: Keeper::start(Arc::clone(&group), self.config.rank)?,
             group,
         })
-    }
-}
-
-fn missing_ranks(g: &Group) -> Vec<usize> {
-    (1..g.n).filter(|&r| g.peers[r].is_none()).collect()
-}
-
-/// Why a join failed, with what this rank saw meanwhile: a disagreement of ranks that
-/// proved the key is a [`Error::Mismatch`]; otherwise the missing ranks are the error, and
-/// connections that failed the key check are counted beside them (anyone can send one, so
-/// they are not blamed).
-fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
-    let bad_key = g.diag.bad_key_summary();
-    if !bad_key.is_empty() {
-        tracing::warn!(?missing, "the group did not form; meanwhile {bad_key}");
-    }
-    if g.diag.notes.is_empty() {
-        return Error::Timeout {
-            after: start.elapsed(),
-            missing,
-        };
-    }
-    let mut seen = g.diag.notes.join("; ");
-    if !bad_key.is_empty() {
-        seen = format!("{seen}; {bad_key}");
-    }
-    Error::Mismatch {
-        reason: format!(
-            "rank(s) {missing:?} did not join within {:?}; meanwhile: {seen}",
-            start.elapsed()
-        ),
-    }
-}
-
-fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
-    let deadline = start + join;
-    loop {
-        let missing = missing_ranks(g);
-        if missing.is_empty() {
-            break;
-        }
-        if g.next(deadline)?.is_none() {
-            // Tell the ranks already admitted who is missing, then give up.
-            let list = payload::ranks(&missing);
-            for r in 1..g.n {
-                if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
-                    let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
-                    let _ = g.send(&conn, &fail);
-                }
-            }
-            return Err(join_error(g, start, missing));
-        }
-    }
-    let mut session = [0u8; 8];
-    session.copy_from_slice(&nonce()?[..8]);
-    // Zero means "no session yet".
-    g.session = u64::from_le_bytes(session) | 1;
-    let table = std::mem::take(&mut g.endpoints);
-    for r in 1..g.n {
-        let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
-            continue;
-        };
-        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &table));
-        if let Err(e) = g.send(&conn, &welcome) {
-            return Err(Error::Closed {
-                backend: BACKEND,
-                reason: format!("rank {r} left before the group formed ({e:?})"),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Waits, knocking again every [`KNOCK_RETRY`] while `side` has not answered, until
-/// `done` says so. Join answers from `side` go to `answer`.
-fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
-    // A little longer than rank 0, to hear rank 0 name the missing ranks.
-    let deadline = start + join + join / 4;
-    let hub = ConnId::outbound(Side::Hub);
-    let endpoints = loop {
-        match next_knocking(g, Side::Hub, deadline)? {
-            None => return Err(member_timeout(g, start, vec![0])),
-            Some(Input::KeyHint) => {
-                return Err(Error::Unauthenticated {
-                    reason: format!(
-                        "rank 0 ({}) answered that this rank's job key is not the group's: check LENS_TCP_KEY or LENS_TCP_KEY_FILE",
-                        g.net
-                            .addr(&hub)
-                            .unwrap_or_else(|| "the rendezvous address".into())
-                    ),
-                });
-            }
-            Some(Input::Frame(conn, f)) if conn.side == Side::Hub => {
-                let mine = |j: &[u8; 16]| Some(j) == g.knocked(Side::Hub);
-                match f.kind {
-                    Kind::Welcome => match payload::read_welcome(&f.payload, g.n) {
-                        Some((j, table)) if mine(&j) && f.session != 0 => {
-                            g.session = f.session;
-                            break table;
-                        }
-                        _ => tracing::warn!(
-                            "dropped a welcome that does not answer this rank's knock (replayed?)"
-                        ),
-                    },
-                    Kind::Reject => match payload::read_tagged(&f.payload) {
-                        Some((j, why)) if mine(&j) => {
-                            return Err(Error::Closed {
-                                backend: BACKEND,
-                                reason: format!(
-                                    "rank 0 turned this rank away: {}",
-                                    String::from_utf8_lossy(why)
-                                ),
-                            });
-                        }
-                        _ => tracing::warn!(
-                            "dropped a reject that does not answer this rank's knock"
-                        ),
-                    },
-                    Kind::JoinFail => match payload::read_tagged(&f.payload) {
-                        Some((j, list)) if mine(&j) => {
-                            return Err(Error::Timeout {
-                                after: start.elapsed(),
-                                missing: payload::read_ranks(list).unwrap_or_default(),
-                            });
-                        }
-                        _ => tracing::warn!(
-                            "dropped a join failure that does not answer this rank's knock"
-                        ),
-                    },
-                    _ => {}
-                }
-            }
-            Some(_) => {}
-        }
-    };
-    // Children that joined before this rank knew the session.
-    let session = g.session;
-    let early: Vec<usize> = g
-        .child_session
-        .iter()
-        .filter(|(_, s)| **s != session)
-        .map(|(c, _)| *c)
-        .collect();
-    for c in early {
-        tracing::warn!(rank = c, "dropped a child's join of another session");
-        if let Some(conn) = g.peers[c].take() {
-            g.net.close(&conn);
-        }
-        g.child_session.remove(&c);
-    }
-    // Join the tree parent when it is not rank 0 (rank 0's children use the star).
-    if let Some(p) = g.tree.parent(g.rank).filter(|&p| p != 0) {
-        let endpoint =
-            endpoints
-                .get(p)
-                .filter(|e| !e.is_empty())
-                .ok_or_else(|| Error::Corrupt {
-                    reason: format!("rank {p} announced no address for its tree children"),
-                })?;
-        let addr = *resolve(endpoint)?.first().ok_or_else(|| Error::Corrupt {
-            reason: format!("rank {p}'s address {endpoint} resolves to nothing"),
-        })?;
-        g.net.dial(Side::Parent, addr)?;
-        let parent = ConnId::outbound(Side::Parent);
-        while g.net.verified(&parent).is_none() {
-            match next_knocking(g, Side::Parent, deadline)? {
-                None => return Err(member_timeout(g, start, vec![p])),
-                Some(input) => keep_early_round(g, input),
-            }
-        }
-    }
-    // This rank's own tree children.
-    let kids: Vec<usize> = g.tree.children(g.rank).collect();
-    loop {
-        let missing: Vec<usize> = kids
-            .iter()
-            .copied()
-            .filter(|&c| g.peers[c].is_none())
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        match g.next(deadline)? {
-            None => return Err(member_timeout(g, start, missing)),
-            Some(input) => keep_early_round(g, input),
-        }
-    }
-}
-
-/// A round may start while this rank still waits for its tree parent or children: keep
-/// its frames for the round.
-fn keep_early_round(g: &mut Group, input: Input) {
-    if let Input::Frame(conn, f) = input {
-        if g.formed() && f.session == g.session && f.round > 0 {
-            g.pending.push_back((conn, f));
-        }
-    }
-}
-
-/// The next input, knocking at `side` again every [`KNOCK_RETRY`] while it has not proven
-/// itself (a lost knock, a server that came up late).
-fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<Input>> {
-    loop {
-        let retry = (Instant::now() + KNOCK_RETRY).min(deadline);
-        if let Some(input) = g.next(retry)? {
-            return Ok(Some(input));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        if g.net.verified(&ConnId::outbound(side)).is_none() {
-            g.knock(side)?;
-        }
-    }
-}
-
-fn member_timeout(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
-    if g.diag.notes.is_empty() {
-        return Error::Timeout {
-            after: start.elapsed(),
-            missing,
-        };
-    }
-    Error::Closed {
-        backend: BACKEND,
-        reason: format!(
-            "could not join within {:?} (waiting for rank(s) {missing:?}): {}",
-            start.elapsed(),
-            g.diag.notes.join("; ")
-        ),
     }
 }
 

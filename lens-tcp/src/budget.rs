@@ -8,6 +8,8 @@
 
 use lens_core::{Error, Result};
 
+use crate::tree::Tree;
+
 /// The most unproven connections a rank holds, however many descriptors it may open.
 pub(crate) const MAX_UNPROVEN: usize = 32;
 /// The fewest: below this a burst of strangers could keep an honest joiner out.
@@ -58,7 +60,7 @@ fn soft_nofile(limits: &str) -> Option<usize> {
 pub(crate) fn unproven_cap(
     fds: Option<Descriptors>,
     rank: usize,
-    world: usize,
+    tree: Tree,
     peers: usize,
 ) -> Result<usize> {
     let Some(Descriptors { limit, open }) = fds else {
@@ -69,15 +71,19 @@ pub(crate) fn unproven_cap(
     let cap = (spare / STRANGER_SHARE).min(MAX_UNPROVEN);
     if cap < MIN_UNPROVEN {
         let want = needed + MIN_UNPROVEN * STRANGER_SHARE;
+        let world = tree.n;
+        let hint = match (rank, tree.is_star()) {
+            (0, true) if peers > 64 => {
+                ", or use a tree (fan_out, LENS_TCP_FAN_OUT) so that no other rank serves the whole group"
+            }
+            // Rank 0 of a tree still keeps a connection to every rank (joins and verdicts
+            // travel over it): only the limit helps.
+            _ => "",
+        };
         return Err(Error::config(format!(
             "rank {rank} of {world} keeps {peers} connection(s) to its peers and {SOCKET_OVERHEAD} descriptors for its sockets, \
              and this process has {open} open already, but it may open only {limit} (RLIMIT_NOFILE): \
-             raise the limit to at least {want} (ulimit -n {want}){}",
-            if peers > 64 {
-                ", or use a tree (fan_out, LENS_TCP_FAN_OUT) so that no rank serves the whole group"
-            } else {
-                ""
-            }
+             raise the limit to at least {want} (ulimit -n {want}){hint}"
         )));
     }
     Ok(cap)
@@ -107,11 +113,17 @@ mod tests {
             ("one short", 16 + 5 + 2 + 31, 5, 2, None),
         ];
         for (why, limit, open, peers, want) in rows {
-            let got = unproven_cap(Some(Descriptors { limit, open }), 0, peers + 1, peers).ok();
+            let got = unproven_cap(
+                Some(Descriptors { limit, open }),
+                0,
+                Tree::new(peers + 1, None),
+                peers,
+            )
+            .ok();
             assert_eq!(got, want, "{why}");
         }
         assert_eq!(
-            unproven_cap(None, 0, 2, 1).ok(),
+            unproven_cap(None, 0, Tree::new(2, None), 1).ok(),
             Some(MAX_UNPROVEN),
             "no /proc"
         );
@@ -119,16 +131,11 @@ mod tests {
 
     #[test]
     fn a_limit_too_low_names_the_limit_and_the_need() {
-        let err = unproven_cap(
-            Some(Descriptors {
-                limit: 1024,
-                open: 20,
-            }),
-            0,
-            1000,
-            999,
-        )
-        .expect_err("too low");
+        let fds = Some(Descriptors {
+            limit: 1024,
+            open: 20,
+        });
+        let err = unproven_cap(fds, 0, Tree::new(1000, None), 999).expect_err("too low");
         let text = err.to_string();
         assert!(
             text.contains("RLIMIT_NOFILE")
@@ -136,7 +143,13 @@ mod tests {
                 && text.contains("ulimit -n 1067"),
             "{text}"
         );
-        assert!(text.contains("fan_out"), "{text}");
+        assert!(
+            text.contains("fan_out"),
+            "a star is told about trees: {text}"
+        );
+        // Rank 0 of a tree keeps a connection per rank too: a tree is no way out for it.
+        let err = unproven_cap(fds, 0, Tree::new(1000, Some(4)), 999).expect_err("too low");
+        assert!(!err.to_string().contains("fan_out"), "{err}");
     }
 
     #[test]

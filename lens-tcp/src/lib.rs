@@ -34,6 +34,7 @@ mod budget;
 mod config;
 mod frame;
 mod group;
+mod join;
 mod keeper;
 mod key;
 mod loopback;

@@ -12,17 +12,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lens_core::{Error, Result};
 
 use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Nonce, Reassembler, Reject};
 
 pub(crate) const BACKEND: &str = "tcp";
-/// Names each socket monitor's endpoint uniquely in the process.
-static MONITORS: AtomicU64 = AtomicU64::new(0);
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
 pub(crate) fn zmq_err(what: &str) -> impl FnOnce(zmq::Error) -> Error + '_ {
@@ -55,27 +51,6 @@ impl ConnId {
             id: Vec::new(),
         }
     }
-}
-
-/// Limits on connections, most of them for peers that have not proven the key.
-#[derive(Debug, Clone)]
-pub(crate) struct Limits {
-    /// Largest frame from a peer that proved the key.
-    pub max_frame: usize,
-    /// How long an accepted connection may take to prove the key.
-    pub handshake: Duration,
-    /// Accepted connections not yet proven; past this the oldest is closed.
-    pub max_unproven: usize,
-    /// Frames an accepted connection may send before it proves the key.
-    pub unproven_frames: u32,
-    /// Messages queued per connection in each direction (libzmq's high-water marks).
-    pub hwm: i32,
-    /// Connections the kernel holds that libzmq has not accepted yet. libzmq accepts them
-    /// in a burst when it catches up, before lens can close any, so a short queue keeps a
-    /// stranger's burst of descriptors small; an honest joiner that finds it full retries
-    /// its SYN (after a second), so it is no shorter than the joiners this rank expects at
-    /// once.
-    pub backlog: usize,
 }
 
 #[derive(Debug)]
@@ -428,95 +403,12 @@ impl Net {
         }
     }
 
-    /// The descriptors libzmq signals when something may have arrived on one of this
-    /// rank's sockets (`ZMQ_FD`): another thread may sleep in `poll(2)` on them while no
-    /// round runs. They signal edges: only after a pass that left the sockets
-    /// [`Net::drained`] does a later arrival signal again.
-    pub(crate) fn wait_fds(&self) -> Vec<RawFd> {
-        SIDES
-            .iter()
-            .filter_map(|s| self.sock(*s).and_then(|k| k.get_fd().ok()))
-            .collect()
-    }
-
-    /// Asks libzmq to report when a connection is accepted (or cannot be), made or lost on
-    /// any of this rank's sockets; returns a socket per monitored socket on which the
-    /// reports arrive. Messages on the connections are not reported, so a keeper that
-    /// sleeps on these alone is not woken by every round.
-    pub(crate) fn watch(&self) -> Result<Vec<zmq::Socket>> {
-        let events = [
-            zmq::SocketEvent::ACCEPTED,
-            zmq::SocketEvent::ACCEPT_FAILED,
-            zmq::SocketEvent::CONNECTED,
-            zmq::SocketEvent::DISCONNECTED,
-        ]
-        .iter()
-        .fold(0i32, |m, e| m | i32::from(e.to_raw()));
-        let mut watchers = Vec::new();
-        for side in SIDES {
-            let Some(sock) = self.sock(side) else {
-                continue;
-            };
-            let endpoint = format!(
-                "inproc://lens-tcp-monitor-{}",
-                MONITORS.fetch_add(1, Ordering::Relaxed)
-            );
-            sock.monitor(&endpoint, events)
-                .map_err(zmq_err("monitor a socket"))?;
-            let pair = self
-                .ctx
-                .socket(zmq::PAIR)
-                .map_err(zmq_err("create a monitor socket"))?;
-            pair.set_linger(0).map_err(zmq_err("set linger"))?;
-            pair.connect(&endpoint)
-                .map_err(zmq_err("connect a monitor socket"))?;
-            watchers.push(pair);
-        }
-        Ok(watchers)
-    }
-
-    /// Whether a connection has not proven the key (a stranger, a joiner, this rank's own
-    /// connection made again): until it does or goes, its frames need serving as they come.
-    pub(crate) fn unsettled(&self) -> bool {
-        self.conns.values().any(|c| c.verified.is_none())
-    }
-
-    /// When the oldest unproven connection's handshake deadline passes, if one waits.
-    pub(crate) fn next_expiry(&self) -> Option<Instant> {
-        self.unproven
-            .front()
-            .map(|(opened, _)| *opened + self.limits.handshake)
-    }
-
     fn sock(&self, side: Side) -> Option<&zmq::Socket> {
         match side {
             Side::Listen => self.listen.as_ref(),
             Side::Hub => self.hub.as_ref().map(|o| &o.sock),
             Side::Parent => self.parent.as_ref().map(|o| &o.sock),
         }
-    }
-
-    /// Closes accepted connections past their handshake deadline; returns when the next
-    /// one expires.
-    fn expire(&mut self, now: Instant) -> Instant {
-        let handshake = self.limits.handshake;
-        while let Some((opened, id)) = self.unproven.front() {
-            if !self.is_unproven(id) {
-                self.unproven.pop_front();
-            } else if now >= *opened + handshake {
-                let id = id.clone();
-                self.unproven.pop_front();
-                tracing::debug!(addr = ?self.addr(&id), "closed a connection that did not prove the key in time");
-                self.close(&id);
-            } else {
-                return *opened + handshake;
-            }
-        }
-        now + Duration::from_secs(3600)
-    }
-
-    fn is_unproven(&self, id: &ConnId) -> bool {
-        self.conns.get(id).is_some_and(|c| c.verified.is_none())
     }
 
     /// Reads one message from `side` if one is queued; whether it did.
@@ -600,23 +492,6 @@ impl Net {
         }
     }
 
-    /// Past the cap of unproven connections, the oldest go: an attacker that opens
-    /// connections fast can then delay a join, but never exhaust descriptors or memory.
-    fn evict_unproven(&mut self) {
-        if self.unproven.len() <= self.limits.max_unproven {
-            return;
-        }
-        let mut unproven = std::mem::take(&mut self.unproven);
-        unproven.retain(|(_, id)| self.is_unproven(id));
-        while unproven.len() > self.limits.max_unproven {
-            if let Some((_, id)) = unproven.pop_front() {
-                tracing::debug!("closed the oldest unproven connection (too many)");
-                self.close(&id);
-            }
-        }
-        self.unproven = unproven;
-    }
-
     fn bytes(&mut self, conn: ConnId, chunk: &[u8]) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return; // a connection closed here a moment ago
@@ -683,6 +558,11 @@ impl Net {
         }
     }
 }
+
+mod limits;
+mod watch;
+
+pub(crate) use limits::Limits;
 
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,11 @@ impl Tree {
         }
     }
 
+    /// Whether every rank is rank 0's child.
+    pub(crate) fn is_star(self) -> bool {
+        self.k + 1 >= self.n
+    }
+
     pub(crate) fn parent(self, r: usize) -> Option<usize> {
         (r > 0).then(|| (r - 1) / self.k)
     }
@@ -121,6 +126,7 @@ mod tests {
             );
             assert_eq!(t.depth(r), depth, "{why}: depth");
             assert_eq!(t.subtree(r), subtree, "{why}: subtree");
+            assert_eq!(t.is_star(), t.children(0).len() == n - 1, "{why}: star");
             for s in 0..n {
                 assert_eq!(
                     t.is_below(s, r),

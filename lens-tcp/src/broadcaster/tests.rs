@@ -1,4 +1,6 @@
 use super::*;
+use crate::frame::{Kind, payload};
+use crate::net::ConnId;
 
 const KEY: &[u8] = b"replay test key, long enough....";
 

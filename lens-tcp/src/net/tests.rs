@@ -6,6 +6,7 @@ use std::net::TcpStream;
 
 use super::*;
 use crate::frame::PREFIX;
+use std::time::Duration;
 
 const KEY: &[u8] = b"net limits test key, 32 bytes!!!";
 

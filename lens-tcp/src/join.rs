@@ -1,0 +1,465 @@
+//! Joining a group: the handshake on both ends, and the formation of the group.
+//!
+//! The handshake is a mutual challenge-response, so nothing recorded from another job or
+//! from another connection is accepted:
+//!
+//! ```text
+//! joiner                                   rank 0 (or the tree parent)
+//!   KNOCK     world, nonce J          ->
+//!                                     <-   CHALLENGE  J, nonce S       (per connection)
+//!   HELLO     world, S, endpoint      ->                               (proves the joiner)
+//!                                     <-   WELCOME    J, table, session (rank 0 only)
+//! ```
+//! The joiner accepts a CHALLENGE, WELCOME, REJECT or JOIN FAIL only when it carries J,
+//! the nonce it just sent; the server admits a HELLO only when it carries S, the nonce it
+//! gave that connection. A rank that reconnects (a reset, a restart during formation) runs
+//! the same handshake on its new connection and replaces its old one.
+//!
+//! Formation: rank 0 admits every rank, then sends each a WELCOME with the session and the
+//! endpoint table (where each rank with tree children listens for them). A rank other than
+//! 0 waits for its WELCOME, joins its tree parent when that is not rank 0 (the same
+//! handshake, with the session), and waits for its own tree children. A formation that
+//! fails names the ranks that never joined; rank 0 tells the ranks it admitted.
+
+use std::time::{Duration, Instant};
+
+use lens_core::{Error, Result};
+
+use crate::broadcaster::resolve;
+use crate::frame::{Frame, Kind, Nonce, payload};
+use crate::group::{Group, Input, wire};
+use crate::net::{BACKEND, ConnId, Side};
+
+/// A joiner knocks again this often while the server has not answered.
+const KNOCK_RETRY: Duration = Duration::from_secs(1);
+
+/// Causes worth reporting when a join fails.
+#[derive(Debug, Default)]
+pub(crate) struct Diagnostics {
+    /// What authenticated peers disagreed about (world size, a group already formed).
+    pub notes: Vec<String>,
+    /// Connections whose KNOCK or HELLO failed the key check: a rank with another key, or
+    /// a stranger (whose frames anyone can forge), so they are counted, never blamed.
+    pub bad_key: usize,
+    /// Where the first few of those came from.
+    pub bad_key_from: Vec<String>,
+}
+
+impl Diagnostics {
+    pub(crate) fn note(&mut self, s: String) {
+        if !self.notes.contains(&s) && self.notes.len() < 8 {
+            self.notes.push(s);
+        }
+    }
+
+    /// The connections that failed the key check, for an error message; empty when there
+    /// were none.
+    pub(crate) fn bad_key_summary(&self) -> String {
+        if self.bad_key == 0 {
+            return String::new();
+        }
+        format!(
+            "{} connection(s) failed the key check (a rank with another job key, or a stranger) from {}",
+            self.bad_key,
+            self.bad_key_from.join(", ")
+        )
+    }
+}
+
+pub(crate) fn nonce() -> Result<Nonce> {
+    let mut n = [0u8; 16];
+    getrandom::fill(&mut n).map_err(|e| {
+        Error::transport(
+            crate::net::BACKEND,
+            "no randomness for a nonce",
+            e.to_string(),
+        )
+    })?;
+    Ok(n)
+}
+
+impl Group {
+    /// Knocks (again) at rank 0 or the tree parent with a fresh nonce.
+    pub(crate) fn knock(&mut self, side: Side) -> Result<()> {
+        let j = nonce()?;
+        self.knocked.insert(side, j);
+        let bytes = self.frame(Kind::Knock, 0, 0, &payload::knock(wire(self.n), &j));
+        if let Err(e) = self.net.send(&ConnId::outbound(side), &bytes) {
+            // Not connected yet: the connection's opening knocks again.
+            tracing::debug!(?side, ?e, "knock not sent");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn knocked(&self, side: Side) -> Option<&Nonce> {
+        self.knocked.get(&side)
+    }
+
+    /// A joiner: rank 0's or the tree parent's answer to this rank's KNOCK. It proves the
+    /// server holds the key; the HELLO back proves this rank does.
+    pub(crate) fn on_challenge(&mut self, conn: &ConnId, f: &Frame) -> Result<Option<Input>> {
+        let side = conn.side;
+        match payload::read_challenge(&f.payload) {
+            Some((j, s)) if Some(&j) == self.knocked(side) => {
+                let peer = if side == Side::Hub {
+                    0
+                } else {
+                    self.tree.parent(self.rank).unwrap_or(0)
+                };
+                self.net.set_verified(conn, Some(peer));
+                let hello = self.frame(
+                    Kind::Hello,
+                    0,
+                    0,
+                    &payload::hello(wire(self.n), &s, &self.endpoint),
+                );
+                let _ = self.net.send(conn, &hello);
+                return Ok(Some(Input::Proven(side)));
+            }
+            _ => tracing::warn!(
+                ?side,
+                "dropped a challenge that does not answer this rank's knock (replayed?)"
+            ),
+        }
+        Ok(None)
+    }
+
+    /// Rank 0 or a tree parent: a KNOCK or HELLO from a connection.
+    pub(crate) fn serve_join(&mut self, conn: &ConnId, f: &Frame) -> Result<Option<Input>> {
+        let r = f.sender as usize;
+        let (me, n) = (self.rank, self.n);
+        match f.kind {
+            Kind::Knock => {
+                let Some((world, j)) = payload::read_knock(&f.payload) else {
+                    return Ok(None);
+                };
+                let joins_me = if me == 0 {
+                    (1..n).contains(&r)
+                } else {
+                    self.tree.parent(r) == Some(me)
+                };
+                let why = if world as usize != n {
+                    let s = format!("rank {r} knocked with world size {world}; rank {me} has {n}");
+                    self.diag.note(s.clone());
+                    Some(s)
+                } else if !joins_me {
+                    Some(format!(
+                        "rank {r} does not join rank {me} in a group of {n}"
+                    ))
+                } else if self.formed() && f.session != self.session {
+                    let s = format!(
+                        "the group formed already; rank {r} cannot join it again (restarted?)"
+                    );
+                    self.diag.note(s.clone());
+                    Some(s)
+                } else if me == 0 && !self.formed() && f.session != 0 {
+                    Some("the knock names a session of another job".to_owned())
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    tracing::warn!(rank = r, %why, "turned a joiner away");
+                    let reject =
+                        self.frame(Kind::Reject, 0, 0, &payload::tagged(&j, why.as_bytes()));
+                    let _ = self.net.send(conn, &reject);
+                    return Ok(None);
+                }
+                let s = nonce()?;
+                if let Some((issued, joiner)) = self.net.nonces(conn) {
+                    *issued = Some(s);
+                    *joiner = Some(j);
+                }
+                let challenge = self.frame(Kind::Challenge, 0, 0, &payload::challenge(&j, &s));
+                let _ = self.net.send(conn, &challenge);
+                Ok(None)
+            }
+            Kind::Hello => {
+                let Some((world, s, endpoint)) = payload::read_hello(&f.payload) else {
+                    return Ok(None);
+                };
+                let Some((issued, joiner)) = self.net.nonces(conn) else {
+                    return Ok(None);
+                };
+                // One use per nonce.
+                let fresh = issued.take() == Some(s);
+                let j = *joiner;
+                if !fresh || world as usize != n || r >= n || r == me {
+                    tracing::warn!(
+                        rank = r,
+                        "dropped a join that does not answer this connection's challenge (replayed?)"
+                    );
+                    return Ok(None);
+                }
+                let session_ok = if me == 0 {
+                    f.session == self.session
+                } else {
+                    !self.formed() || f.session == self.session
+                };
+                if !session_ok {
+                    tracing::warn!(rank = r, "dropped a join of another session");
+                    return Ok(None);
+                }
+                self.net.set_verified(conn, Some(r));
+                if let Some(old) = self.peers[r].replace(conn.clone()) {
+                    if &old != conn {
+                        tracing::info!(
+                            rank = r,
+                            "a rank joined again; its previous connection is dropped"
+                        );
+                        self.net.close(&old);
+                    }
+                }
+                if me == 0 {
+                    if self.formed() {
+                        let j = j.unwrap_or_default();
+                        let again = self.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &[]));
+                        let _ = self.net.send(conn, &again);
+                    } else {
+                        self.endpoints[r] = endpoint;
+                    }
+                } else {
+                    self.child_session.insert(r, f.session);
+                }
+                tracing::debug!(rank = r, "admitted");
+                Ok(Some(Input::Admitted(r)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Rank 0: the joiner nonce a rank's connection knocked with.
+    pub(crate) fn joiner_of(&mut self, r: usize) -> Option<Nonce> {
+        let conn = self.peers.get(r)?.clone()?;
+        self.net.nonces(&conn).and_then(|(_, j)| *j)
+    }
+}
+
+fn missing_ranks(g: &Group) -> Vec<usize> {
+    (1..g.n).filter(|&r| g.peers[r].is_none()).collect()
+}
+
+/// Why a join failed, with what this rank saw meanwhile: a disagreement of ranks that
+/// proved the key is a [`Error::Mismatch`]; otherwise the missing ranks are the error, and
+/// connections that failed the key check are counted beside them (anyone can send one, so
+/// they are not blamed).
+fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+    let bad_key = g.diag.bad_key_summary();
+    if !bad_key.is_empty() {
+        tracing::warn!(?missing, "the group did not form; meanwhile {bad_key}");
+    }
+    if g.diag.notes.is_empty() {
+        return Error::Timeout {
+            after: start.elapsed(),
+            missing,
+        };
+    }
+    let mut seen = g.diag.notes.join("; ");
+    if !bad_key.is_empty() {
+        seen = format!("{seen}; {bad_key}");
+    }
+    Error::Mismatch {
+        reason: format!(
+            "rank(s) {missing:?} did not join within {:?}; meanwhile: {seen}",
+            start.elapsed()
+        ),
+    }
+}
+
+pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+    let deadline = start + join;
+    loop {
+        let missing = missing_ranks(g);
+        if missing.is_empty() {
+            break;
+        }
+        if g.next(deadline)?.is_none() {
+            // Tell the ranks already admitted who is missing, then give up.
+            let list = payload::ranks(&missing);
+            for r in 1..g.n {
+                if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
+                    let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
+                    let _ = g.send(&conn, &fail);
+                }
+            }
+            return Err(join_error(g, start, missing));
+        }
+    }
+    let mut session = [0u8; 8];
+    session.copy_from_slice(&nonce()?[..8]);
+    // Zero means "no session yet".
+    g.session = u64::from_le_bytes(session) | 1;
+    let table = std::mem::take(&mut g.endpoints);
+    for r in 1..g.n {
+        let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
+            continue;
+        };
+        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &table));
+        if let Err(e) = g.send(&conn, &welcome) {
+            return Err(Error::Closed {
+                backend: BACKEND,
+                reason: format!("rank {r} left before the group formed ({e:?})"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Waits, knocking again every [`KNOCK_RETRY`] while `side` has not answered, until
+/// `done` says so. Join answers from `side` go to `answer`.
+pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+    // A little longer than rank 0, to hear rank 0 name the missing ranks.
+    let deadline = start + join + join / 4;
+    let hub = ConnId::outbound(Side::Hub);
+    let endpoints = loop {
+        match next_knocking(g, Side::Hub, deadline)? {
+            None => return Err(member_timeout(g, start, vec![0])),
+            Some(Input::KeyHint) => {
+                return Err(Error::Unauthenticated {
+                    reason: format!(
+                        "rank 0 ({}) answered that this rank's job key is not the group's: check LENS_TCP_KEY or LENS_TCP_KEY_FILE",
+                        g.net
+                            .addr(&hub)
+                            .unwrap_or_else(|| "the rendezvous address".into())
+                    ),
+                });
+            }
+            Some(Input::Frame(conn, f)) if conn.side == Side::Hub => {
+                let mine = |j: &[u8; 16]| Some(j) == g.knocked(Side::Hub);
+                match f.kind {
+                    Kind::Welcome => match payload::read_welcome(&f.payload, g.n) {
+                        Some((j, table)) if mine(&j) && f.session != 0 => {
+                            g.session = f.session;
+                            break table;
+                        }
+                        _ => tracing::warn!(
+                            "dropped a welcome that does not answer this rank's knock (replayed?)"
+                        ),
+                    },
+                    Kind::Reject => match payload::read_tagged(&f.payload) {
+                        Some((j, why)) if mine(&j) => {
+                            return Err(Error::Closed {
+                                backend: BACKEND,
+                                reason: format!(
+                                    "rank 0 turned this rank away: {}",
+                                    String::from_utf8_lossy(why)
+                                ),
+                            });
+                        }
+                        _ => tracing::warn!(
+                            "dropped a reject that does not answer this rank's knock"
+                        ),
+                    },
+                    Kind::JoinFail => match payload::read_tagged(&f.payload) {
+                        Some((j, list)) if mine(&j) => {
+                            return Err(Error::Timeout {
+                                after: start.elapsed(),
+                                missing: payload::read_ranks(list).unwrap_or_default(),
+                            });
+                        }
+                        _ => tracing::warn!(
+                            "dropped a join failure that does not answer this rank's knock"
+                        ),
+                    },
+                    _ => {}
+                }
+            }
+            Some(_) => {}
+        }
+    };
+    // Children that joined before this rank knew the session.
+    let session = g.session;
+    let early: Vec<usize> = g
+        .child_session
+        .iter()
+        .filter(|(_, s)| **s != session)
+        .map(|(c, _)| *c)
+        .collect();
+    for c in early {
+        tracing::warn!(rank = c, "dropped a child's join of another session");
+        if let Some(conn) = g.peers[c].take() {
+            g.net.close(&conn);
+        }
+        g.child_session.remove(&c);
+    }
+    // Join the tree parent when it is not rank 0 (rank 0's children use the star).
+    if let Some(p) = g.tree.parent(g.rank).filter(|&p| p != 0) {
+        let endpoint =
+            endpoints
+                .get(p)
+                .filter(|e| !e.is_empty())
+                .ok_or_else(|| Error::Corrupt {
+                    reason: format!("rank {p} announced no address for its tree children"),
+                })?;
+        let addr = *resolve(endpoint)?.first().ok_or_else(|| Error::Corrupt {
+            reason: format!("rank {p}'s address {endpoint} resolves to nothing"),
+        })?;
+        g.net.dial(Side::Parent, addr)?;
+        let parent = ConnId::outbound(Side::Parent);
+        while g.net.verified(&parent).is_none() {
+            match next_knocking(g, Side::Parent, deadline)? {
+                None => return Err(member_timeout(g, start, vec![p])),
+                Some(input) => keep_early_round(g, input),
+            }
+        }
+    }
+    // This rank's own tree children.
+    let kids: Vec<usize> = g.tree.children(g.rank).collect();
+    loop {
+        let missing: Vec<usize> = kids
+            .iter()
+            .copied()
+            .filter(|&c| g.peers[c].is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        match g.next(deadline)? {
+            None => return Err(member_timeout(g, start, missing)),
+            Some(input) => keep_early_round(g, input),
+        }
+    }
+}
+
+/// A round may start while this rank still waits for its tree parent or children: keep
+/// its frames for the round.
+fn keep_early_round(g: &mut Group, input: Input) {
+    if let Input::Frame(conn, f) = input {
+        if g.formed() && f.session == g.session && f.round > 0 {
+            g.pending.push_back((conn, f));
+        }
+    }
+}
+
+/// The next input, knocking at `side` again every [`KNOCK_RETRY`] while it has not proven
+/// itself (a lost knock, a server that came up late).
+fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<Input>> {
+    loop {
+        let retry = (Instant::now() + KNOCK_RETRY).min(deadline);
+        if let Some(input) = g.next(retry)? {
+            return Ok(Some(input));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        if g.net.verified(&ConnId::outbound(side)).is_none() {
+            g.knock(side)?;
+        }
+    }
+}
+
+fn member_timeout(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+    if g.diag.notes.is_empty() {
+        return Error::Timeout {
+            after: start.elapsed(),
+            missing,
+        };
+    }
+    Error::Closed {
+        backend: BACKEND,
+        reason: format!(
+            "could not join within {:?} (waiting for rank(s) {missing:?}): {}",
+            start.elapsed(),
+            g.diag.notes.join("; ")
+        ),
+    }
+}
