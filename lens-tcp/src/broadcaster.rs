@@ -9,7 +9,7 @@ use lens_core::{Broadcaster, Error, Result};
 
 use crate::budget::{Descriptors, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
-use crate::frame::{Codec, HEADER, MAX_ENDPOINT, TAG};
+use crate::frame::{Codec, HEADER, MAX_ENDPOINT, NONCE, TAG};
 use crate::group::Group;
 use crate::join::{form_as_hub, join_as_member};
 use crate::keeper::{Keeper, lock};
@@ -25,6 +25,8 @@ const UNPROVEN_FRAMES: u32 = 16;
 const QUEUE: i32 = 64;
 /// The longest listening queue, however many ranks join at once (see `Limits::backlog`).
 const MAX_BACKLOG: usize = 128;
+/// Ranks of a tree that rank 0 may hold while they wait for their parent to join.
+const FORMING: usize = 32;
 
 /// One rank of a group that broadcasts over ZeroMQ on TCP.
 ///
@@ -104,12 +106,11 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// The largest frame a proven peer may send in a group of `n` with this tree.
-fn max_frame(config: &TcpConfig, tree: Tree) -> usize {
-    let n = config.world_size;
-    let interior = (0..n).filter(|&r| !tree.children(r).is_empty()).count();
-    let welcome = 16 + 2 * n + interior * MAX_ENDPOINT;
-    HEADER + TAG + config.max_payload.max(welcome).max(4 * n)
+/// The largest frame a proven peer may send in a group of `n`: a payload, a WELCOME, or
+/// an ACK or FAIL naming ranks.
+fn max_frame(config: &TcpConfig) -> usize {
+    let welcome = NONCE + 2 + MAX_ENDPOINT;
+    HEADER + TAG + config.max_payload.max(welcome).max(4 * config.world_size)
 }
 
 impl TcpBroadcaster {
@@ -145,7 +146,7 @@ impl TcpBroadcaster {
             tree.children(rank).len()
         };
         let limits = Limits {
-            max_frame: max_frame(&config, tree),
+            max_frame: max_frame(&config),
             handshake: HANDSHAKE_TIMEOUT,
             max_unproven,
             unproven_frames: UNPROVEN_FRAMES,
@@ -204,15 +205,23 @@ impl TcpBroadcaster {
     }
 }
 
-/// The connections rank `rank` keeps to proven peers: rank 0 one per rank (it serves joins
-/// and verdicts over the star), others one to rank 0, one to a tree parent other than 0,
-/// and one per tree child.
+/// The connections rank `rank` keeps to proven peers. In a star, rank 0 one per rank and
+/// the others one to rank 0. In a tree, each rank one per tree child and one to its parent;
+/// while the group forms, rank 0 also holds ranks whose parent has not joined yet (counted
+/// as [`FORMING`]), and a rank also its first connection to rank 0.
 fn peer_connections(tree: Tree, rank: usize) -> usize {
-    if rank == 0 {
-        return tree.n.saturating_sub(1);
+    if tree.is_star() {
+        return if rank == 0 {
+            tree.n.saturating_sub(1)
+        } else {
+            1
+        };
     }
-    let parent = usize::from(tree.parent(rank).is_some_and(|p| p != 0));
-    1 + parent + tree.children(rank).len()
+    if rank == 0 {
+        return tree.children(0).len() + FORMING;
+    }
+    let hub = usize::from(tree.parent(rank).is_some_and(|p| p != 0));
+    1 + hub + tree.children(rank).len()
 }
 
 impl Rendezvous {
@@ -282,10 +291,8 @@ impl Broadcaster for TcpBroadcaster {
         if result.is_err() && self.rank != 0 {
             // The connection may have been reset without libzmq saying so: prove the key
             // again, so that the next round finds this rank (a no-op when nothing broke).
-            g.knock(Side::Hub)?;
-            if g.up_side() == Side::Parent {
-                g.knock(Side::Parent)?;
-            }
+            let up = g.up_side();
+            g.knock(up)?;
         }
         // While strangers are connected the keeper sleeps on the sockets' descriptors,
         // which signal again only once nothing is queued: leave nothing queued, and if more

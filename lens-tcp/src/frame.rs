@@ -17,7 +17,7 @@
 //! | KNOCK | world size (u32), the joiner's nonce |
 //! | CHALLENGE | the joiner's nonce (echoed), the server's nonce |
 //! | HELLO | world size (u32), the server's nonce (echoed), endpoint length (u16), endpoint |
-//! | WELCOME | the joiner's nonce, then per rank: endpoint length (u16), endpoint (empty after formation) |
+//! | WELCOME | the joiner's nonce, endpoint length (u16), the endpoint of its tree parent (empty when that is rank 0) |
 //! | REJECT | the joiner's nonce, the reason (UTF-8) |
 //! | DATA | the round's payload |
 //! | ACK, FAIL | ranks (u32 each): missing below the sender / missing in the round |
@@ -351,26 +351,18 @@ pub(crate) mod payload {
         Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
     }
 
-    /// The joiner's nonce, then the endpoint table (may be empty).
-    pub(crate) fn welcome(joiner: &Nonce, endpoints: &[String]) -> Vec<u8> {
+    /// The joiner's nonce, then where its tree parent listens (empty when that is rank 0).
+    pub(crate) fn welcome(joiner: &Nonce, parent: &str) -> Vec<u8> {
         let mut p = joiner.to_vec();
-        for e in endpoints {
-            push_str(&mut p, e);
-        }
+        push_str(&mut p, parent);
         p
     }
 
-    /// (joiner's nonce, endpoints); the table is empty or has `n` entries.
-    pub(crate) fn read_welcome(p: &[u8], n: usize) -> Option<(Nonce, Vec<String>)> {
+    /// (joiner's nonce, the parent's endpoint).
+    pub(crate) fn read_welcome(p: &[u8]) -> Option<(Nonce, String)> {
         let nonce = nonce_at(p, 0)?;
-        let mut at = NONCE;
-        let mut table = Vec::new();
-        while at < p.len() && table.len() < n {
-            let (s, end) = read_str(p, at)?;
-            table.push(s);
-            at = end;
-        }
-        (at == p.len() && (table.is_empty() || table.len() == n)).then_some((nonce, table))
+        let (parent, end) = read_str(p, NONCE)?;
+        (end == p.len()).then_some((nonce, parent))
     }
 
     /// A nonce followed by text (REJECT) or by ranks (JOIN FAIL).

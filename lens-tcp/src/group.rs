@@ -35,8 +35,14 @@ pub(crate) struct Group {
     pub round: u64,
     /// Rank 0: every rank's connection. Others: their tree children's.
     pub peers: Vec<Option<ConnId>>,
+    /// Whether the group has formed: rank 0 admitted every rank, others got their WELCOME.
+    pub formed: bool,
     /// Rank 0 during formation: the endpoint each rank listens on for tree children.
     pub endpoints: Vec<String>,
+    /// Rank 0 during formation: which ranks proved the key (and named their endpoint)...
+    pub registered: Vec<bool>,
+    /// ...and which were sent their WELCOME on their current connection.
+    pub welcomed: Vec<bool>,
     /// Tree parents during formation: the session each child said it had.
     pub child_session: HashMap<usize, u64>,
     /// Where this rank listens for its tree children ("" when it has none).
@@ -47,7 +53,7 @@ pub(crate) struct Group {
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
-    pub last_answer: Option<crate::round::machine::Answer>,
+    pub last_answers: Vec<crate::round::machine::Answer>,
     pub diag: Diagnostics,
 }
 
@@ -66,12 +72,15 @@ impl Group {
             session: 0,
             round: 0,
             peers: vec![None; n],
+            formed: false,
             endpoints: vec![String::new(); n],
+            registered: vec![false; n],
+            welcomed: vec![false; n],
             child_session: HashMap::new(),
             endpoint,
             knocked: HashMap::new(),
             pending: VecDeque::new(),
-            last_answer: None,
+            last_answers: Vec::new(),
             diag: Diagnostics::default(),
         }
     }
@@ -81,7 +90,7 @@ impl Group {
     }
 
     pub(crate) fn formed(&self) -> bool {
-        self.session != 0
+        self.formed
     }
 
     /// A frame from this rank, with its prefix.
@@ -146,6 +155,11 @@ impl Group {
                         // dead connection.
                         tracing::info!(rank = r, "a rank's connection closed");
                         self.peers[r] = None;
+                        if !self.formed && !self.welcomed[r] {
+                            // Rank 0 while the group forms: it has to join again (a restart).
+                            // A tree rank that was welcomed left for its parent on purpose.
+                            self.registered[r] = false;
+                        }
                     }
                 }
                 Event::KeyHint => return Ok(Some(Input::KeyHint)),

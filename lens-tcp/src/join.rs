@@ -152,7 +152,7 @@ impl Group {
                     );
                     self.diag.note(s.clone());
                     Some(s)
-                } else if me == 0 && !self.formed() && f.session != 0 {
+                } else if me == 0 && !self.formed() && f.session != 0 && f.session != self.session {
                     Some("the knock names a session of another job".to_owned())
                 } else {
                     None
@@ -191,7 +191,9 @@ impl Group {
                     return Ok(None);
                 }
                 let session_ok = if me == 0 {
-                    f.session == self.session
+                    // Before formation a joiner does not know the session yet, unless rank 0
+                    // welcomed it already (a tree member that connects again).
+                    f.session == self.session || (!self.formed() && f.session == 0)
                 } else {
                     !self.formed() || f.session == self.session
                 };
@@ -212,10 +214,12 @@ impl Group {
                 if me == 0 {
                     if self.formed() {
                         let j = j.unwrap_or_default();
-                        let again = self.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &[]));
+                        let again = self.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, ""));
                         let _ = self.net.send(conn, &again);
                     } else {
                         self.endpoints[r] = endpoint;
+                        self.registered[r] = true;
+                        self.welcomed[r] = false; // a new connection gets its own
                     }
                 } else {
                     self.child_session.insert(r, f.session);
@@ -235,7 +239,7 @@ impl Group {
 }
 
 fn missing_ranks(g: &Group) -> Vec<usize> {
-    (1..g.n).filter(|&r| g.peers[r].is_none()).collect()
+    (1..g.n).filter(|&r| !g.registered[r]).collect()
 }
 
 /// Why a join failed, with what this rank saw meanwhile: a disagreement of ranks that
@@ -265,43 +269,79 @@ fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
     }
 }
 
+/// Rank 0: admits every rank. In a star every rank gets its WELCOME once all have joined.
+/// In a tree a rank gets it as soon as its parent has joined (the WELCOME names where the
+/// parent listens), and a rank whose parent is not rank 0 then leaves rank 0 for its
+/// parent, so that rank 0 keeps only its own children's connections.
 pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
     let deadline = start + join;
-    loop {
-        let missing = missing_ranks(g);
-        if missing.is_empty() {
-            break;
-        }
-        if g.next(deadline)?.is_none() {
-            // Tell the ranks already admitted who is missing, then give up.
-            let list = payload::ranks(&missing);
-            for r in 1..g.n {
-                if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
-                    let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
-                    let _ = g.send(&conn, &fail);
-                }
-            }
-            return Err(join_error(g, start, missing));
-        }
-    }
     let mut session = [0u8; 8];
     session.copy_from_slice(&nonce()?[..8]);
     // Zero means "no session yet".
     g.session = u64::from_le_bytes(session) | 1;
-    let table = std::mem::take(&mut g.endpoints);
+    let tree = !g.tree.is_star();
+    loop {
+        if tree {
+            welcome_ready(g);
+        }
+        let missing = missing_ranks(g);
+        if missing.is_empty() {
+            break;
+        }
+        match g.next(deadline)? {
+            Some(input) => keep_early_round(g, input),
+            None => {
+                // Tell the ranks still connected who is missing, then give up.
+                let list = payload::ranks(&missing);
+                for r in 1..g.n {
+                    if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
+                        let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
+                        let _ = g.send(&conn, &fail);
+                    }
+                }
+                return Err(join_error(g, start, missing));
+            }
+        }
+    }
+    if !tree {
+        for r in 1..g.n {
+            let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
+                continue;
+            };
+            let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, ""));
+            if let Err(e) = g.send(&conn, &welcome) {
+                return Err(Error::Closed {
+                    backend: BACKEND,
+                    reason: format!("rank {r} left before the group formed ({e:?})"),
+                });
+            }
+        }
+    }
+    g.formed = true;
+    g.endpoints = Vec::new();
+    Ok(())
+}
+
+/// Rank 0 of a tree: a WELCOME to every rank that joined and whose parent has (rank 0, or
+/// a rank that named where it listens).
+fn welcome_ready(g: &mut Group) {
     for r in 1..g.n {
+        if !g.registered[r] || g.welcomed[r] {
+            continue;
+        }
+        let p = g.tree.parent(r).unwrap_or(0);
+        if p != 0 && !g.registered[p] {
+            continue;
+        }
         let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
             continue;
         };
-        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, &table));
-        if let Err(e) = g.send(&conn, &welcome) {
-            return Err(Error::Closed {
-                backend: BACKEND,
-                reason: format!("rank {r} left before the group formed ({e:?})"),
-            });
+        let endpoint = if p == 0 { "" } else { g.endpoints[p].as_str() };
+        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, endpoint));
+        if g.send(&conn, &welcome).is_ok() {
+            g.welcomed[r] = true;
         }
     }
-    Ok(())
 }
 
 /// Waits, knocking again every [`KNOCK_RETRY`] while `side` has not answered, until
@@ -310,7 +350,7 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
     // A little longer than rank 0, to hear rank 0 name the missing ranks.
     let deadline = start + join + join / 4;
     let hub = ConnId::outbound(Side::Hub);
-    let endpoints = loop {
+    let parent_endpoint = loop {
         match next_knocking(g, Side::Hub, deadline)? {
             None => return Err(member_timeout(g, start, vec![0])),
             Some(Input::KeyHint) => {
@@ -326,10 +366,11 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
             Some(Input::Frame(conn, f)) if conn.side == Side::Hub => {
                 let mine = |j: &[u8; 16]| Some(j) == g.knocked(Side::Hub);
                 match f.kind {
-                    Kind::Welcome => match payload::read_welcome(&f.payload, g.n) {
-                        Some((j, table)) if mine(&j) && f.session != 0 => {
+                    Kind::Welcome => match payload::read_welcome(&f.payload) {
+                        Some((j, endpoint)) if mine(&j) && f.session != 0 => {
                             g.session = f.session;
-                            break table;
+                            g.formed = true;
+                            break endpoint;
                         }
                         _ => tracing::warn!(
                             "dropped a welcome that does not answer this rank's knock (replayed?)"
@@ -381,19 +422,21 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
         }
         g.child_session.remove(&c);
     }
-    // Join the tree parent when it is not rank 0 (rank 0's children use the star).
+    // Join the tree parent when it is not rank 0, and leave rank 0: from here on this rank
+    // hears from rank 0 only through its parent.
     if let Some(p) = g.tree.parent(g.rank).filter(|&p| p != 0) {
-        let endpoint =
-            endpoints
-                .get(p)
-                .filter(|e| !e.is_empty())
-                .ok_or_else(|| Error::Corrupt {
-                    reason: format!("rank {p} announced no address for its tree children"),
-                })?;
-        let addr = *resolve(endpoint)?.first().ok_or_else(|| Error::Corrupt {
-            reason: format!("rank {p}'s address {endpoint} resolves to nothing"),
-        })?;
+        if parent_endpoint.is_empty() {
+            return Err(Error::Corrupt {
+                reason: format!("rank 0 named no address for rank {p}, this rank's tree parent"),
+            });
+        }
+        let addr = *resolve(&parent_endpoint)?
+            .first()
+            .ok_or_else(|| Error::Corrupt {
+                reason: format!("rank {p}'s address {parent_endpoint} resolves to nothing"),
+            })?;
         g.net.dial(Side::Parent, addr)?;
+        g.net.hang_up(Side::Hub);
         let parent = ConnId::outbound(Side::Parent);
         while g.net.verified(&parent).is_none() {
             match next_knocking(g, Side::Parent, deadline)? {
@@ -424,7 +467,7 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
 /// its frames for the round.
 fn keep_early_round(g: &mut Group, input: Input) {
     if let Input::Frame(conn, f) = input {
-        if g.formed() && f.session == g.session && f.round > 0 {
+        if g.session != 0 && f.session == g.session && f.round > 0 {
             g.pending.push_back((conn, f));
         }
     }

@@ -262,6 +262,17 @@ impl Net {
         Ok(())
     }
 
+    /// Closes this rank's connection on `side` for good (a tree member leaves rank 0 once
+    /// it has joined its parent).
+    pub(crate) fn hang_up(&mut self, side: Side) {
+        match side {
+            Side::Hub => self.hub = None,
+            Side::Parent => self.parent = None,
+            Side::Listen => return,
+        }
+        self.conns.remove(&ConnId::outbound(side));
+    }
+
     pub(crate) fn verified(&self, conn: &ConnId) -> Option<usize> {
         self.conns.get(conn).and_then(|c| c.verified)
     }

@@ -1,8 +1,9 @@
-//! A group of 8 separate processes on loopback, configured from the environment as torchrun
-//! would, running the conformance suite. The test binary starts copies of itself.
+//! Groups of separate processes on loopback, configured from the environment as torchrun
+//! would: 8 running the conformance suite, and 1,024 forming a tree under `ulimit -n 1024`.
+//! The test binary starts copies of itself.
 
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::conformance::{Options, run_rank};
@@ -82,4 +83,146 @@ fn child_rank() {
     let group = TcpBroadcaster::connect(config).expect("join the group");
     futures::executor::block_on(run_rank(&group, &Options::default().rounds(300)))
         .expect("conformance");
+}
+
+/// Ranks of the large tree job.
+const LARGE: usize = 1024;
+const LARGE_FAN_OUT: usize = 4;
+/// How many descriptors rank 0's process may hold in the large tree job: its own (the test
+/// binary, libzmq's context and sockets) and its four children, never one per rank.
+const LARGE_RANK0_FDS: usize = 64;
+
+/// Every child of a test, killed when dropped (a failed assertion).
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// 1,024 processes, each limited to 1,024 descriptors (`prlimit`), form a tree of fan-out
+/// 4 and run three rounds with different roots. No rank keeps a connection per rank, so
+/// the job fits (in a star rank 0 alone would need more than 1,024); rank 0's process holds
+/// at most [`LARGE_RANK0_FDS`] descriptors throughout, and every rank succeeds. Rank 0's
+/// peak descriptors and the time the job took are printed.
+#[test]
+#[allow(clippy::print_stderr)]
+fn a_thousand_processes_form_a_tree_under_ulimit_1024() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let exe = std::env::current_exe().expect("test binary");
+    let started = Instant::now();
+    let mut children = Children(Vec::with_capacity(LARGE));
+    for rank in 0..LARGE {
+        let mut cmd = Command::new("prlimit");
+        cmd.args(["--nofile=1024:1024", "--"])
+            .arg(&exe)
+            .args([
+                "--exact",
+                "tree_child",
+                "--ignored",
+                "--test-threads=1",
+                "--quiet",
+            ])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", LARGE.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("LENS_TCP_KEY", "a thousand processes share this job key")
+            .env("LENS_TCP_TIMEOUT", "60")
+            .env("LENS_TCP_JOIN_TIMEOUT", "240")
+            .env("LENS_TCP_FAN_OUT", LARGE_FAN_OUT.to_string())
+            .env("LENS_TCP_TEST_CHILD", "1")
+            .stdin(Stdio::null())
+            .stdout(if SAMPLED.contains(&rank) {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(if rank < 2 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        children.0.push(cmd.spawn().expect("start a rank"));
+    }
+    let rank0 = children.0[0].id();
+    let mut peak = 0;
+    let mut failed = Vec::new();
+    let mut left: Vec<usize> = (0..LARGE).collect();
+    while !left.is_empty() && started.elapsed() < Duration::from_secs(420) {
+        peak = peak.max(std::fs::read_dir(format!("/proc/{rank0}/fd")).map_or(0, Iterator::count));
+        left.retain(|&r| match children.0[r].try_wait() {
+            Ok(Some(status)) => {
+                if !status.success() {
+                    failed.push(r);
+                }
+                false
+            }
+            Ok(None) => true,
+            Err(_) => {
+                failed.push(r);
+                false
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "{LARGE} processes, fan-out {LARGE_FAN_OUT}, ulimit -n 1024: done in {:.1} s; rank 0 held at most {peak} descriptors",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        left.is_empty(),
+        "{} rank(s) still running: {:?}",
+        left.len(),
+        &left[..left.len().min(8)]
+    );
+    failed.sort_unstable();
+    assert!(
+        failed.is_empty(),
+        "{} rank(s) failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(8)]
+    );
+    assert!(
+        peak <= LARGE_RANK0_FDS,
+        "rank 0's process held {peak} descriptors"
+    );
+    // The sampled ranks really ran their rank (a filter that matched nothing would pass).
+    for &r in SAMPLED {
+        let mut out = String::new();
+        if let Some(mut pipe) = children.0[r].stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut out);
+        }
+        assert!(out.contains("1 passed"), "rank {r} ran no test:\n{out}");
+    }
+}
+
+/// Ranks of the large job whose output is read, to see that they ran their rank.
+const SAMPLED: &[usize] = &[0, 1, 5, 511, 1023];
+
+/// One rank of `a_thousand_processes_form_a_tree_under_ulimit_1024`.
+#[test]
+#[ignore = "a child process of a_thousand_processes_form_a_tree_under_ulimit_1024, not a test on its own"]
+fn tree_child() {
+    assert_eq!(
+        std::env::var("LENS_TCP_TEST_CHILD").as_deref(),
+        Ok("1"),
+        "run by the parent test only"
+    );
+    let config = TcpConfig::from_env().expect("config from the environment");
+    let group = TcpBroadcaster::connect(config).expect("join the group");
+    for root in [0, LARGE - 1, LARGE / 2] {
+        let want = format!("from {root}").into_bytes();
+        let mine = (lens_core::Broadcaster::rank(&group) == root).then_some(want.as_slice());
+        let got = lens_core::blocking::broadcast(&group, root, mine).expect("a round");
+        assert_eq!(got, want);
+    }
 }

@@ -164,14 +164,13 @@ fn payload_table() {
         payload::read_hello(&payload::hello(3, &b, "tcp://h:1")),
         Some((3, b, "tcp://h:1".to_owned()))
     );
-    let table = vec![String::new(), "tcp://x:9".to_owned(), String::new()];
     assert_eq!(
-        payload::read_welcome(&payload::welcome(&a, &table), 3),
-        Some((a, table.clone()))
+        payload::read_welcome(&payload::welcome(&a, "x:9")),
+        Some((a, "x:9".to_owned()))
     );
     assert_eq!(
-        payload::read_welcome(&payload::welcome(&a, &[]), 3),
-        Some((a, vec![]))
+        payload::read_welcome(&payload::welcome(&a, "")),
+        Some((a, String::new()))
     );
     assert_eq!(
         payload::read_ranks(&payload::ranks(&[1, 5])),
@@ -189,8 +188,12 @@ fn payload_table() {
             payload::read_hello(&payload::hello(3, &b, "abc")[..22]).map(|_| ()),
         ),
         (
-            "welcome with 2 of 3 entries",
-            payload::read_welcome(&payload::welcome(&a, &table[..2]), 3).map(|_| ()),
+            "welcome with a byte too many",
+            payload::read_welcome(&[payload::welcome(&a, "x:9"), vec![0]].concat()).map(|_| ()),
+        ),
+        (
+            "welcome without its endpoint",
+            payload::read_welcome(&a).map(|_| ()),
         ),
         (
             "ranks not a multiple of 4",

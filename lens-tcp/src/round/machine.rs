@@ -4,13 +4,15 @@
 //! which says whether a frame could be queued. The socket layer (`round/mod.rs`) drives it
 //! for real; `round/sim.rs` drives many of them over an in-memory network in tests.
 //!
-//! The round: a root other than 0 hands its payload to rank 0, rank 0 sends it down the
-//! tree (the star is the tree with k = n - 1), each rank forwards it to its children, and
-//! acknowledgements, each naming the ranks missing below its sender, flow back up; rank 0
-//! tells the root (DONE or FAIL) and tells the ranks it could not reach that the round
-//! failed. Whatever a reset may have cut off is sent again: the data to a child that
-//! proves the key again within the round, the root's data once rank 0 answers its knock,
-//! an ack to a parent that sends the data again, the verdict to a root that does.
+//! The round: a root other than 0 sends its payload up the tree to rank 0 (each rank on
+//! the way relays it), rank 0 sends it down the tree (the star is the tree with
+//! k = n - 1), each rank forwards it to its children, and acknowledgements, each naming the
+//! ranks missing below its sender, flow back up. Rank 0 tells the root how the round ended
+//! (DONE or FAIL, down the path to it: the ranks on the way relay it before they finish),
+//! and tells the children it could not reach that the round failed. Whatever a reset may
+//! have cut off is sent again: the data to a child that proves the key again within the
+//! round, the root's data once its parent answers its knock, an ack to a parent that sends
+//! the data again, the verdict to the rank on the path that sends the root's data again.
 
 use std::time::{Duration, Instant};
 
@@ -37,8 +39,6 @@ pub(crate) enum From {
 /// Where a frame goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum To {
-    /// A member's connection to rank 0.
-    Hub,
     /// A member's connection to its tree parent (rank 0's connection when that is it).
     Up,
     /// Rank `r` over the connection it proved the key on here.
@@ -92,7 +92,8 @@ pub(crate) struct Answer {
     pub round: u64,
     /// The root of that round (the frame carries it).
     pub root: usize,
-    /// The rank whose repeated DATA is answered (the parent: `None`; rank 0: the root).
+    /// The rank whose repeated DATA is answered (the parent: `None`; rank 0: its child on
+    /// the path to the root).
     pub asker: Option<usize>,
     pub to: To,
     pub kind: Kind,
@@ -106,7 +107,7 @@ impl Answer {
         round == self.round
             && match self.asker {
                 None => from == up,
-                Some(root) => from == From::Rank(root) && sender == root,
+                Some(child) => from == From::Rank(child) && sender == child,
             }
     }
 }
@@ -119,7 +120,8 @@ enum Step {
     Data,
     /// Forwarded; waiting for the children's acks.
     Acks,
-    /// The root (not rank 0): acked; waiting for rank 0's DONE or FAIL.
+    /// The root or a rank on the path from rank 0 to it: acked; waiting for rank 0's DONE or
+    /// FAIL (to relay it towards the root).
     Verdict,
     Over,
 }
@@ -143,7 +145,12 @@ pub(crate) struct RoundMachine {
     unreached: Vec<usize>,
     missing: Vec<usize>,
     ack_deadline: Instant,
-    answer: Option<Answer>,
+    /// What to say again when a finished part of the round comes again (an ack up; a
+    /// verdict towards the root).
+    answers: Vec<Answer>,
+    /// The root's data this rank relayed up, sent again when its parent proves itself
+    /// again.
+    relayed: Option<Vec<u8>>,
     outcome: Option<Outcome>,
 }
 
@@ -178,16 +185,17 @@ impl RoundMachine {
             unreached: Vec::new(),
             missing: Vec::new(),
             ack_deadline: now,
-            answer: None,
+            answers: Vec::new(),
+            relayed: None,
             outcome: None,
         };
         match (me, mine) {
             (0, Some(p)) => m.forward(links, p.to_vec(), now),
             (0, None) => m.step = Step::RootData,
             (_, Some(p)) => {
-                // Not reachable now (a connection being made again): sent again when rank 0
-                // answers this rank's knock.
-                m.sent_mine = links.send(To::Hub, Kind::Data, p);
+                // Up towards rank 0. Not reachable now (a connection being made again): sent
+                // again when the parent answers this rank's knock.
+                m.sent_mine = links.send(To::Up, Kind::Data, p);
                 m.mine = Some(p.to_vec());
             }
             (_, None) => {}
@@ -206,8 +214,8 @@ impl RoundMachine {
     }
 
     /// What to say again when the same frame comes again, once the round is over.
-    pub(crate) fn answer(&self) -> Option<&Answer> {
-        self.answer.as_ref()
+    pub(crate) fn answers(&self) -> &[Answer] {
+        &self.answers
     }
 
     /// How long this rank has been in the round.
@@ -253,11 +261,21 @@ impl RoundMachine {
             body,
         } = heard;
         let up = Self::up(self.tree, self.me);
+        // The root's data on its way up, from the child whose subtree holds the root.
+        let from_root_side = kind == Kind::Data
+            && from == From::Rank(sender)
+            && self.tree.parent(sender) == Some(self.me)
+            && self.tree.is_below(self.root, sender)
+            && root == self.root;
         match (self.step, kind) {
-            (Step::RootData, Kind::Data)
-                if from == From::Rank(self.root) && sender == self.root =>
-            {
+            (Step::RootData, Kind::Data) if from_root_side => {
                 self.forward(links, body.to_vec(), now);
+            }
+            (Step::Data | Step::Acks | Step::Verdict, Kind::Data)
+                if self.me != 0 && from_root_side =>
+            {
+                links.send(To::Up, Kind::Data, body);
+                self.relayed = Some(body.to_vec());
             }
             (Step::Data, Kind::Data) if from == up => {
                 if root != self.root {
@@ -266,7 +284,11 @@ impl RoundMachine {
                     self.forward(links, body.to_vec(), now);
                 }
             }
-            (Step::Data, Kind::Fail) if from == From::Hub => {
+            (Step::Data, Kind::Fail) if from == up => {
+                // Rank 0 never got the root's data: tell the children too.
+                for c in self.tree.children(self.me) {
+                    links.send(To::Rank(c), Kind::Fail, body);
+                }
                 self.end(Outcome::Missing(read_ranks(body)));
             }
             (Step::Acks, Kind::Ack) if from == From::Rank(sender) => {
@@ -287,12 +309,29 @@ impl RoundMachine {
                     .extend(below.into_iter().filter(|&r| tree.is_below(r, sender)));
                 self.acks_done(links);
             }
-            (Step::Verdict, Kind::Done) if from == From::Hub => {
-                let data = std::mem::take(&mut self.data);
-                self.end(Outcome::Delivered(data));
-            }
-            (Step::Verdict, Kind::Fail) if from == From::Hub => {
-                self.end(Outcome::Missing(read_ranks(body)));
+            (Step::Verdict, Kind::Done | Kind::Fail) if from == up => {
+                if self.me != self.root {
+                    // On the path to the root: relay, and finish (this rank has the data). The
+                    // root's data again (after a reset below) asks for the verdict again.
+                    if let Some(c) = self.towards_root() {
+                        self.answers.push(Answer {
+                            round: self.round,
+                            root: self.root,
+                            asker: Some(c),
+                            to: To::Rank(c),
+                            kind,
+                            payload: body.to_vec(),
+                        });
+                        links.send(To::Rank(c), kind, body);
+                    }
+                    let data = std::mem::take(&mut self.data);
+                    self.end(Outcome::Delivered(data));
+                } else if kind == Kind::Done {
+                    let data = std::mem::take(&mut self.data);
+                    self.end(Outcome::Delivered(data));
+                } else {
+                    self.end(Outcome::Missing(read_ranks(body)));
+                }
             }
             (Step::Verdict, Kind::Data) if from == up => {
                 // The parent sends the data again (this rank proved the key again): the
@@ -324,14 +363,23 @@ impl RoundMachine {
 
     /// This rank's connection to rank 0 (`From::Hub`) or its parent proved the key again.
     pub(crate) fn on_proven(&mut self, links: &mut impl Links, side: From) {
-        if side != From::Hub || self.step == Step::Over {
+        if side != Self::up(self.tree, self.me) || self.step == Step::Over {
             return;
         }
         // The root's data, or rank 0's verdict on it, may have died with the old
         // connection: the data again makes rank 0 carry on or say the verdict again.
         if let Some(p) = &self.mine {
-            self.sent_mine = links.send(To::Hub, Kind::Data, p);
+            self.sent_mine = links.send(To::Up, Kind::Data, p);
+        } else if let Some(p) = &self.relayed {
+            links.send(To::Up, Kind::Data, p);
         }
+    }
+
+    /// The child of this rank whose subtree holds the root, when one does.
+    fn towards_root(&self) -> Option<usize> {
+        let tree = self.tree;
+        tree.children(self.me)
+            .find(|&c| tree.is_below(self.root, c))
     }
 
     /// Ends the step the machine is at when its deadline has passed.
@@ -363,6 +411,11 @@ impl RoundMachine {
                     self.missing.extend(tree.subtree(c));
                 }
                 self.acks_done(links);
+            }
+            Step::Verdict if self.me != self.root => {
+                // On the path: the verdict never came, but this rank has the data.
+                let data = std::mem::take(&mut self.data);
+                self.end(Outcome::Delivered(data));
             }
             Step::Verdict => self.end(Outcome::Missing(vec![0])),
             Step::Over => {}
@@ -405,7 +458,7 @@ impl RoundMachine {
             return;
         }
         let ack = payload::ranks(&self.missing);
-        self.answer = Some(Answer {
+        self.answers.push(Answer {
             round: self.round,
             root: self.root,
             asker: None,
@@ -416,7 +469,7 @@ impl RoundMachine {
         // The parent sends the data again once this rank proves the key on a new
         // connection, and hears the ack then.
         self.ack_again(links);
-        if self.me == self.root {
+        if self.towards_root().is_some() || self.me == self.root {
             self.step = Step::Verdict;
         } else {
             let data = std::mem::take(&mut self.data);
@@ -425,7 +478,7 @@ impl RoundMachine {
     }
 
     fn ack_again(&mut self, links: &mut impl Links) {
-        if let Some(a) = &self.answer {
+        if let Some(a) = self.answers.iter().find(|a| a.kind == Kind::Ack) {
             if !links.send(a.to, a.kind, &a.payload) {
                 tracing::debug!("the ack waits for a reconnection");
             }
@@ -442,16 +495,18 @@ impl RoundMachine {
         } else {
             (Kind::Fail, payload::ranks(&missing))
         };
-        if root != 0 {
-            self.answer = Some(Answer {
+        if let Some(c) = self.towards_root() {
+            // The child on the path to the root relays it; its repeat of the root's data
+            // asks for it again.
+            self.answers.push(Answer {
                 round: self.round,
                 root,
-                asker: Some(root),
-                to: To::Rank(root),
+                asker: Some(c),
+                to: To::Rank(c),
                 kind,
                 payload: body.clone(),
             });
-            if !links.send(To::Rank(root), kind, &body) {
+            if !links.send(To::Rank(c), kind, &body) {
                 // The root hears it when it proves the key again and sends its data again.
                 tracing::warn!(
                     rank = root,

@@ -55,7 +55,6 @@ impl Group {
     /// Sends over the connection `to` names; whether it was queued.
     fn send_to(&mut self, to: To, bytes: &[u8]) -> bool {
         let conn = match to {
-            To::Hub => ConnId::outbound(Side::Hub),
             To::Up => ConnId::outbound(self.up_side()),
             To::Rank(r) => match self.peers.get(r).cloned().flatten() {
                 Some(conn) => conn,
@@ -108,9 +107,7 @@ impl Group {
             // Also when frames keep coming: the round ends by its deadline whatever arrives.
             m.on_time(&mut self.links(root), Instant::now());
         }
-        if let Some(a) = m.answer() {
-            self.last_answer = Some(a.clone());
-        }
+        self.last_answers = m.answers().to_vec();
         let after = m.elapsed(Instant::now());
         match m.take_outcome() {
             Some(Outcome::Delivered(data)) => Ok(data),
@@ -155,13 +152,15 @@ impl Group {
         if f.kind != Kind::Data {
             return false;
         }
-        let Some(a) = &self.last_answer else {
+        let up = RoundMachine::up(self.tree, self.rank);
+        let from = from_of(conn, f.sender);
+        let Some(a) = self
+            .last_answers
+            .iter()
+            .find(|a| a.answers(f.round, from, f.sender as usize, up))
+        else {
             return false;
         };
-        let up = RoundMachine::up(self.tree, self.rank);
-        if !a.answers(f.round, from_of(conn, f.sender), f.sender as usize, up) {
-            return false;
-        }
         let bytes = self.frame(a.kind, a.round, a.root, &a.payload);
         let to = a.to;
         tracing::debug!(

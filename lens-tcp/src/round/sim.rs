@@ -43,11 +43,10 @@ struct Net {
 impl Net {
     fn new(tree: Tree) -> Net {
         let mut conns = Vec::new();
+        // Once a group has formed, a rank keeps one connection up the tree: to rank 0 in a
+        // star or when rank 0 is its parent, else to its parent.
         for r in 1..tree.n {
-            conns.push(Conn::new(r, 0));
-            if let Some(p) = tree.parent(r).filter(|&p| p != 0) {
-                conns.push(Conn::new(r, p));
-            }
+            conns.push(Conn::new(r, tree.parent(r).unwrap_or(0)));
         }
         Net { conns }
     }
@@ -88,7 +87,6 @@ impl Links for SimLinks<'_> {
             body: body.to_vec(),
         };
         let (member, server, upward) = match to {
-            To::Hub => (self.me, 0, true),
             To::Up => (self.me, self.tree.parent(self.me).unwrap_or(0), true),
             To::Rank(r) => (r, self.me, false),
         };
@@ -221,10 +219,13 @@ impl Sim {
             };
             m.on_frame(&mut links, heard, now);
         } else if msg.kind == Kind::Data {
-            if let Some(a) = m.answer().cloned() {
-                if a.answers(ROUND, from, msg.sender, up) {
-                    links.send(a.to, a.kind, &a.payload);
-                }
+            if let Some(a) = m
+                .answers()
+                .iter()
+                .find(|a| a.answers(ROUND, from, msg.sender, up))
+                .cloned()
+            {
+                links.send(a.to, a.kind, &a.payload);
             }
         }
         self.collect();
