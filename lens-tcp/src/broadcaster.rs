@@ -1,19 +1,20 @@
 //! [`TcpBroadcaster`]: start (bind or connect), the rendezvous, and the `Broadcaster` impl.
 
-use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, Error, Result};
 
+use crate::addr::{is_loopback, resolve};
 use crate::budget::{Descriptors, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
 use crate::frame::{Codec, HEADER, MAX_ENDPOINT, NONCE, TAG};
 use crate::group::Group;
 use crate::join::{form_as_hub, join_as_member};
 use crate::keeper::{Keeper, lock};
-use crate::net::{BACKEND, Limits, Net, Side};
+use crate::net::{Limits, Net, Side};
 use crate::tree::Tree;
 
 /// How long an accepted connection may take to prove the key before it is closed.
@@ -77,33 +78,6 @@ impl std::fmt::Debug for Rendezvous {
             .field("local_addr", &self.local_addr)
             .finish_non_exhaustive()
     }
-}
-
-/// Every address `host:port` resolves to (IPv4 and IPv6), in the resolver's order.
-pub(crate) fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
-    let (host, port) = split_host_port(addr)
-        .ok_or_else(|| Error::config(format!("address {addr:?} is not host:port")))?;
-    let mut out: Vec<SocketAddr> = Vec::new();
-    let found = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Error::transport(BACKEND, format!("cannot resolve {host}"), e))?;
-    for a in found {
-        if !out.contains(&a) {
-            out.push(a);
-        }
-    }
-    if out.is_empty() {
-        return Err(Error::config(format!("{host} resolves to no address")));
-    }
-    Ok(out)
-}
-
-fn is_loopback(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The largest frame a proven peer may send in a group of `n`: a payload, a WELCOME, or

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use lens_core::Result;
 
+use crate::diag::Diagnostics;
 use crate::frame::{Frame, Kind, Nonce};
-use crate::join::Diagnostics;
 use crate::net::{ConnId, Event, Net, SendFail, Side};
 use crate::tree::Tree;
 
@@ -53,7 +53,7 @@ pub(crate) struct Group {
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
-    pub last_answers: Vec<crate::round::machine::Answer>,
+    pub last_answers: Vec<crate::machine::Answer>,
     pub diag: Diagnostics,
 }
 

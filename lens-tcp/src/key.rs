@@ -12,7 +12,7 @@ use std::ffi::OsString;
 
 use lens_core::{Error, Result};
 
-use crate::config::env;
+use crate::env;
 
 /// The key from the environment: `Ok(None)` when neither variable is set.
 pub(crate) fn from_env(lookup: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Vec<u8>>> {

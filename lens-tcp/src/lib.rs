@@ -29,22 +29,26 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod addr;
 mod broadcaster;
 mod budget;
 mod config;
+mod diag;
+pub mod env;
 mod frame;
 mod group;
 mod join;
 mod keeper;
 mod key;
 mod loopback;
+mod machine;
 mod net;
 mod round;
 mod tree;
 
 pub use broadcaster::{Rendezvous, TcpBroadcaster};
 pub use config::{
-    DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig, TcpConfigBuilder, env,
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig, TcpConfigBuilder,
 };
 pub use loopback::{LoopbackGroup, loopback_group};
 

@@ -1,8 +1,8 @@
 //! One round on one rank as a state machine: no sockets, no clock, no group. It is fed what
 //! arrived (a frame of this round and where it came from, a rank that proved the key
 //! again, this rank's own connection proven again, the time) and sends through [`Links`],
-//! which says whether a frame could be queued. The socket layer (`round/mod.rs`) drives it
-//! for real; `round/sim.rs` drives many of them over an in-memory network in tests.
+//! which says whether a frame could be queued. The socket layer (`round.rs`) drives it
+//! for real; `machine/sim.rs` drives many of them over an in-memory network in tests.
 //!
 //! The round: a root other than 0 sends its payload up the tree to rank 0 (each rank on
 //! the way relays it), rank 0 sends it down the tree (the star is the tree with
@@ -536,3 +536,6 @@ impl RoundMachine {
 fn read_ranks(body: &[u8]) -> Vec<usize> {
     payload::read_ranks(body).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod sim;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
+use super::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 use crate::frame::{Kind, payload};
 use crate::tree::Tree;
 

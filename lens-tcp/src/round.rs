@@ -1,4 +1,4 @@
-//! One round: the state machine ([`machine`]) driven by this rank's connections. Between
+//! One round: the state machine (`machine.rs`) driven by this rank's connections. Between
 //! rounds the rank serves what arrives ([`Group::serve_idle`]): joins, strangers, frames of
 //! later rounds (kept), and repeats of a finished round (answered again).
 
@@ -11,11 +11,7 @@ use crate::frame::{Frame, Kind};
 use crate::group::{Group, Input};
 use crate::net::{ConnId, Side};
 
-pub(crate) mod machine;
-#[cfg(test)]
-mod sim;
-
-use machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
+use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 
 /// Frames for later rounds kept while a round is in progress, per group member.
 const PENDING_PER_RANK: usize = 4;
