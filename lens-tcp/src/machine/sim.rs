@@ -123,6 +123,11 @@ enum Event {
     Forged(usize, usize),
     /// Time passes.
     Tick(u64),
+    /// Rank `r % n` (not 0) dies: its connections go and never come back.
+    Kill(usize),
+    /// The member of connection `c` (an insider with the key) acks this round before it
+    /// has the data, naming every rank outside its own subtree as missing.
+    RogueAck(usize),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -144,6 +149,7 @@ struct Sim {
     net: Net,
     machines: Vec<RoundMachine>,
     outcomes: Vec<Option<Outcome>>,
+    dead: Vec<bool>,
     now: Instant,
 }
 
@@ -178,6 +184,7 @@ impl Sim {
             net,
             machines,
             outcomes: vec![None; n],
+            dead: vec![false; n],
             now,
         };
         sim.collect();
@@ -205,6 +212,9 @@ impl Sim {
     /// Hands `msg` to rank `to`, which hears it on `from`; as the socket layer does, a rank
     /// whose round is over answers a repeat of what it answered.
     fn hand(&mut self, to: usize, from: From, msg: Msg) {
+        if self.dead[to] {
+            return;
+        }
         let now = self.now;
         let over = self.outcomes[to].is_some();
         let up = RoundMachine::up(self.tree, to);
@@ -284,8 +294,12 @@ impl Sim {
                 if conn.up {
                     return;
                 }
-                conn.up = true;
                 let (member, server) = (conn.member, conn.server);
+                if self.dead[member] || self.dead[server] {
+                    return;
+                }
+                let conn = &mut self.net.conns[c % len];
+                conn.up = true;
                 let now = self.now;
                 // The member proves the key first (it hears the CHALLENGE), then the server
                 // admits it (it hears the HELLO).
@@ -314,6 +328,31 @@ impl Sim {
                     self.hand(to, from, msg);
                 }
             }
+            Event::Kill(r) => {
+                let r = 1 + r % (self.tree.n - 1);
+                self.dead[r] = true;
+                for conn in &mut self.net.conns {
+                    if conn.member == r || conn.server == r {
+                        conn.up = false;
+                        conn.to_server.clear();
+                        conn.to_member.clear();
+                    }
+                }
+            }
+            Event::RogueAck(c) => {
+                let conn = &self.net.conns[c % len];
+                let (member, server) = (conn.member, conn.server);
+                let tree = self.tree;
+                let outside: Vec<usize> =
+                    (0..tree.n).filter(|&r| !tree.is_below(r, member)).collect();
+                let msg = Msg {
+                    sender: member,
+                    kind: Kind::Ack,
+                    root: self.root,
+                    body: payload::ranks(&outside),
+                };
+                self.hand(server, From::Rank(member), msg);
+            }
             Event::Tick(ms) => {
                 self.now += Duration::from_millis(ms);
                 self.on_time();
@@ -334,7 +373,12 @@ impl Sim {
     /// rank's round is over; returns how many steps it took.
     fn settle(&mut self) -> usize {
         for step in 0..100_000 {
-            if self.outcomes.iter().all(Option::is_some) {
+            if self
+                .outcomes
+                .iter()
+                .zip(&self.dead)
+                .all(|(o, d)| o.is_some() || *d)
+            {
                 return step;
             }
             let next = (0..self.net.conns.len()).find_map(|c| {
@@ -357,8 +401,8 @@ impl Sim {
                     let soonest = self
                         .machines
                         .iter()
-                        .zip(&self.outcomes)
-                        .filter(|(_, o)| o.is_none())
+                        .zip(self.outcomes.iter().zip(&self.dead))
+                        .filter(|(_, (o, d))| o.is_none() && !**d)
                         .map(|(m, _)| m.deadline())
                         .min()
                         .unwrap_or(self.now);
@@ -448,7 +492,9 @@ proptest! {
     }
 }
 
-/// One row per way a round can go wrong; each names what every rank must end with.
+/// One row per attack class and failure the README names (a flood, strangers' frames, a
+/// buggy insider, a peer that never reads, a rank that dies, a reset, a restart); each row
+/// names what every live rank must end with.
 #[test]
 fn failure_table() {
     // (why, n, k, root, events before settling, what rank r ends with)
@@ -476,6 +522,65 @@ fn failure_table() {
                 _ => Outcome::Missing(vec![0]),
             },
         ),
+        (
+            "a flood: every frame delivered three times (a replay within the round)",
+            7,
+            Some(2),
+            6,
+            (0..300).map(|i| Event::Duplicate(i, i % 3 == 0)).collect(),
+            delivered,
+        ),
+        (
+            "strangers' frames that claim other senders on every connection",
+            5,
+            None,
+            3,
+            (0..40).map(|i| Event::Forged(i, i * 7 + 1)).collect(),
+            delivered,
+        ),
+        (
+            "an insider acks early, naming every rank outside its subtree",
+            5,
+            None,
+            0,
+            vec![Event::RogueAck(1)],
+            delivered,
+        ),
+        (
+            "a rank that never reads (never reachable): it is named",
+            4,
+            None,
+            0,
+            vec![Event::Kill(2)],
+            |r| match r {
+                0 => Outcome::Missing(vec![3]),
+                _ => Outcome::Delivered(b"p".to_vec()),
+            },
+        ),
+        (
+            "an interior rank of a tree dies: rank 0 names its subtree, its children their parent",
+            7,
+            Some(2),
+            0,
+            vec![Event::Kill(0)],
+            |r| match r {
+                0 => Outcome::Missing(vec![1, 3, 4]),
+                3 | 4 => Outcome::Missing(vec![1]),
+                _ => Outcome::Delivered(b"p".to_vec()),
+            },
+        ),
+        (
+            "a restarted rank (its connection made again) in the middle of a tree",
+            7,
+            Some(2),
+            4,
+            vec![
+                Event::Reset(2),
+                Event::Deliver(0, true),
+                Event::Reconnect(2),
+            ],
+            delivered,
+        ),
     ];
     for (why, n, k, root, events, want) in rows {
         let mut sim = Sim::new(n, k, root, b"p".to_vec());
@@ -484,6 +589,9 @@ fn failure_table() {
         }
         sim.settle();
         for (r, o) in sim.outcomes.iter().enumerate() {
+            if sim.dead[r] {
+                continue;
+            }
             assert_eq!(o.as_ref(), Some(&want(r)), "{why}: rank {r}");
         }
     }
