@@ -10,7 +10,8 @@
 //! 9..17  session (u64 LE)  33..   payload, then 32 bytes of HMAC-SHA256(key, all before)
 //! ```
 //!
-//! Payloads (all integers little-endian; a nonce is 16 random bytes):
+//! Payloads (`message.rs` encodes and decodes them; all integers little-endian; a nonce is
+//! 16 random bytes):
 //!
 //! | kind | payload |
 //! |---|---|
@@ -30,6 +31,8 @@
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+
+use crate::message::Message;
 
 pub(crate) const MAGIC: &[u8; 4] = b"LNS2";
 pub(crate) const HEADER: usize = 33;
@@ -91,15 +94,20 @@ impl Kind {
     }
 }
 
-/// A verified frame.
+/// A verified frame: its header, and its message (`message.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
-    pub kind: Kind,
     pub sender: u32,
     pub session: u64,
     pub round: u64,
     pub root: u32,
-    pub payload: Vec<u8>,
+    pub msg: Message<'static>,
+}
+
+impl Frame {
+    pub(crate) fn kind(&self) -> Kind {
+        self.msg.kind()
+    }
 }
 
 /// Why a frame was dropped.
@@ -139,9 +147,26 @@ impl Codec {
         Ok(Codec { mac })
     }
 
-    /// A frame with its length prefix, ready for the stream. Payloads are bounded by the
-    /// configuration (far below 4 GiB), so the length fields cannot overflow.
+    /// A frame carrying `msg`, with its length prefix, ready for the stream.
     pub(crate) fn encode(
+        &self,
+        msg: &Message<'_>,
+        sender: u32,
+        session: u64,
+        round: u64,
+        root: u32,
+    ) -> Vec<u8> {
+        self.encode_raw(msg.kind(), sender, session, round, root, &msg.payload())
+    }
+
+    /// The unsigned hint that a KNOCK failed authentication here.
+    pub(crate) fn key_mismatch_hint(&self) -> Vec<u8> {
+        self.encode_raw(Kind::KeyMismatch, 0, 0, 0, 0, &[])
+    }
+
+    /// A frame of `kind` around `payload`. Payloads are bounded by the configuration (far
+    /// below 4 GiB), so the length fields cannot overflow.
+    fn encode_raw(
         &self,
         kind: Kind,
         sender: u32,
@@ -207,13 +232,14 @@ impl Codec {
         let mut mac = self.mac.clone();
         mac.update(body);
         mac.verify_slice(tag).map_err(|_| Reject::BadTag(kind))?;
+        let msg = Message::decode(kind, body[HEADER..].to_vec())
+            .ok_or(Reject::Malformed("a payload that does not fit its kind"))?;
         Ok(Frame {
-            kind,
             sender: u32_at(body, 5),
             session: u64_at(body, 9),
             round: u64_at(body, 17),
             root: u32_at(body, 25),
-            payload: body[HEADER..].to_vec(),
+            msg,
         })
     }
 }
@@ -283,113 +309,6 @@ impl Reassembler {
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.buf.len()
-    }
-}
-
-/// Payload layouts.
-pub(crate) mod payload {
-    use super::{MAX_ENDPOINT, NONCE, Nonce};
-
-    fn nonce_at(p: &[u8], at: usize) -> Option<Nonce> {
-        p.get(at..at + NONCE)?.try_into().ok()
-    }
-
-    fn u32_at(p: &[u8], at: usize) -> Option<u32> {
-        Some(u32::from_le_bytes(p.get(at..at + 4)?.try_into().ok()?))
-    }
-
-    pub(crate) fn knock(world: u32, nonce: &Nonce) -> Vec<u8> {
-        let mut p = world.to_le_bytes().to_vec();
-        p.extend_from_slice(nonce);
-        p
-    }
-
-    /// (world size, joiner's nonce)
-    pub(crate) fn read_knock(p: &[u8]) -> Option<(u32, Nonce)> {
-        (p.len() == 4 + NONCE).then_some(())?;
-        Some((u32_at(p, 0)?, nonce_at(p, 4)?))
-    }
-
-    pub(crate) fn challenge(joiner: &Nonce, server: &Nonce) -> Vec<u8> {
-        [&joiner[..], &server[..]].concat()
-    }
-
-    /// (joiner's nonce, server's nonce)
-    pub(crate) fn read_challenge(p: &[u8]) -> Option<(Nonce, Nonce)> {
-        (p.len() == 2 * NONCE).then_some(())?;
-        Some((nonce_at(p, 0)?, nonce_at(p, NONCE)?))
-    }
-
-    /// `endpoint` is at most [`MAX_ENDPOINT`] bytes (checked when the endpoint is made).
-    pub(crate) fn hello(world: u32, server: &Nonce, endpoint: &str) -> Vec<u8> {
-        let mut p = world.to_le_bytes().to_vec();
-        p.extend_from_slice(server);
-        push_str(&mut p, endpoint);
-        p
-    }
-
-    /// (world size, server's nonce, endpoint)
-    pub(crate) fn read_hello(p: &[u8]) -> Option<(u32, Nonce, String)> {
-        let world = u32_at(p, 0)?;
-        let nonce = nonce_at(p, 4)?;
-        let (endpoint, end) = read_str(p, 4 + NONCE)?;
-        (end == p.len()).then_some((world, nonce, endpoint))
-    }
-
-    fn push_str(p: &mut Vec<u8>, s: &str) {
-        let s = &s.as_bytes()[..s.len().min(MAX_ENDPOINT)];
-        p.extend_from_slice(&u16::try_from(s.len()).unwrap_or(0).to_le_bytes());
-        p.extend_from_slice(s);
-    }
-
-    fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
-        let len = usize::from(u16::from_le_bytes(p.get(at..at + 2)?.try_into().ok()?));
-        if len > MAX_ENDPOINT {
-            return None;
-        }
-        let s = p.get(at + 2..at + 2 + len)?;
-        Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
-    }
-
-    /// The joiner's nonce, then where its tree parent listens (empty when that is rank 0).
-    pub(crate) fn welcome(joiner: &Nonce, parent: &str) -> Vec<u8> {
-        let mut p = joiner.to_vec();
-        push_str(&mut p, parent);
-        p
-    }
-
-    /// (joiner's nonce, the parent's endpoint).
-    pub(crate) fn read_welcome(p: &[u8]) -> Option<(Nonce, String)> {
-        let nonce = nonce_at(p, 0)?;
-        let (parent, end) = read_str(p, NONCE)?;
-        (end == p.len()).then_some((nonce, parent))
-    }
-
-    /// A nonce followed by text (REJECT) or by ranks (JOIN FAIL).
-    pub(crate) fn tagged(joiner: &Nonce, rest: &[u8]) -> Vec<u8> {
-        [&joiner[..], rest].concat()
-    }
-
-    pub(crate) fn read_tagged(p: &[u8]) -> Option<(Nonce, &[u8])> {
-        Some((nonce_at(p, 0)?, p.get(NONCE..)?))
-    }
-
-    /// Ranks as u32 each. Ranks are below the world size, which the configuration keeps
-    /// within u32.
-    pub(crate) fn ranks(ranks: &[usize]) -> Vec<u8> {
-        ranks
-            .iter()
-            .flat_map(|&r| u32::try_from(r).unwrap_or(u32::MAX).to_le_bytes())
-            .collect()
-    }
-
-    /// Ranks as u32 each; `None` when the length is not a multiple of four.
-    pub(crate) fn read_ranks(p: &[u8]) -> Option<Vec<usize>> {
-        (p.len() % 4 == 0).then(|| {
-            p.chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
-                .collect()
-        })
     }
 }
 

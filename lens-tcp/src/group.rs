@@ -9,6 +9,7 @@ use lens_core::Result;
 
 use crate::diag::Diagnostics;
 use crate::frame::{Frame, Kind, Nonce};
+use crate::message::Message;
 use crate::net::{ConnId, Event, Net, SendFail, Side};
 use crate::tree::Tree;
 
@@ -94,15 +95,10 @@ impl Group {
     }
 
     /// A frame from this rank, with its prefix.
-    pub(crate) fn frame(&self, kind: Kind, round: u64, root: usize, payload: &[u8]) -> Vec<u8> {
-        self.net.codec().encode(
-            kind,
-            wire(self.rank),
-            self.session,
-            round,
-            wire(root),
-            payload,
-        )
+    pub(crate) fn frame(&self, msg: &Message<'_>, round: u64, root: usize) -> Vec<u8> {
+        self.net
+            .codec()
+            .encode(msg, wire(self.rank), self.session, round, wire(root))
     }
 
     /// The side this rank hears its tree parent on.
@@ -183,7 +179,7 @@ impl Group {
                 if self.diag.bad_key_from.len() < 4 && !self.diag.bad_key_from.contains(&from) {
                     self.diag.bad_key_from.push(from);
                 }
-                let hint = self.net.codec().encode(Kind::KeyMismatch, 0, 0, 0, 0, &[]);
+                let hint = self.net.codec().key_mismatch_hint();
                 let _ = self.net.send(conn, &hint);
                 self.net.close(conn);
             }
@@ -203,7 +199,7 @@ impl Group {
 
     fn frame_in(&mut self, conn: ConnId, f: Frame) -> Result<Option<Input>> {
         if conn.side == Side::Listen {
-            if matches!(f.kind, Kind::Knock | Kind::Hello) {
+            if matches!(f.kind(), Kind::Knock | Kind::Hello) {
                 return self.serve_join(&conn, &f);
             }
             let Some(rank) = self.net.verified(&conn) else {
@@ -222,7 +218,7 @@ impl Group {
         }
         // From rank 0 or the tree parent.
         let side = conn.side;
-        match f.kind {
+        match f.kind() {
             Kind::Challenge => self.on_challenge(&conn, &f),
             Kind::Welcome | Kind::Reject | Kind::JoinFail => Ok(Some(Input::Frame(conn, f))),
             _ if f.session != self.session || !self.formed() => {

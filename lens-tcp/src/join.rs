@@ -21,13 +21,15 @@
 //! handshake, with the session), and waits for its own tree children. A formation that
 //! fails names the ranks that never joined; rank 0 tells the ranks it admitted.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use lens_core::{Error, Result};
 
 use crate::addr::resolve;
-use crate::frame::{Frame, Kind, Nonce, payload};
+use crate::frame::{Frame, Nonce};
 use crate::group::{Group, Input, wire};
+use crate::message::Message;
 use crate::net::{BACKEND, ConnId, Side};
 
 /// A joiner knocks again this often while the server has not answered.
@@ -50,7 +52,11 @@ impl Group {
     pub(crate) fn knock(&mut self, side: Side) -> Result<()> {
         let j = nonce()?;
         self.knocked.insert(side, j);
-        let bytes = self.frame(Kind::Knock, 0, 0, &payload::knock(wire(self.n), &j));
+        let knock = Message::Knock {
+            world: wire(self.n),
+            joiner: j,
+        };
+        let bytes = self.frame(&knock, 0, 0);
         if let Err(e) = self.net.send(&ConnId::outbound(side), &bytes) {
             // Not connected yet: the connection's opening knocks again.
             tracing::debug!(?side, ?e, "knock not sent");
@@ -66,20 +72,20 @@ impl Group {
     /// server holds the key; the HELLO back proves this rank does.
     pub(crate) fn on_challenge(&mut self, conn: &ConnId, f: &Frame) -> Result<Option<Input>> {
         let side = conn.side;
-        match payload::read_challenge(&f.payload) {
-            Some((j, s)) if Some(&j) == self.knocked(side) => {
+        match &f.msg {
+            Message::Challenge { joiner, server } if Some(joiner) == self.knocked(side) => {
                 let peer = if side == Side::Hub {
                     0
                 } else {
                     self.tree.parent(self.rank).unwrap_or(0)
                 };
                 self.net.set_verified(conn, Some(peer));
-                let hello = self.frame(
-                    Kind::Hello,
-                    0,
-                    0,
-                    &payload::hello(wire(self.n), &s, &self.endpoint),
-                );
+                let hello = Message::Hello {
+                    world: wire(self.n),
+                    server: *server,
+                    endpoint: Cow::Borrowed(&self.endpoint),
+                };
+                let hello = self.frame(&hello, 0, 0);
                 let _ = self.net.send(conn, &hello);
                 return Ok(Some(Input::Proven(side)));
             }
@@ -95,11 +101,8 @@ impl Group {
     pub(crate) fn serve_join(&mut self, conn: &ConnId, f: &Frame) -> Result<Option<Input>> {
         let r = f.sender as usize;
         let (me, n) = (self.rank, self.n);
-        match f.kind {
-            Kind::Knock => {
-                let Some((world, j)) = payload::read_knock(&f.payload) else {
-                    return Ok(None);
-                };
+        match &f.msg {
+            &Message::Knock { world, joiner: j } => {
                 let joins_me = if me == 0 {
                     (1..n).contains(&r)
                 } else {
@@ -126,8 +129,11 @@ impl Group {
                 };
                 if let Some(why) = why {
                     tracing::warn!(rank = r, %why, "turned a joiner away");
-                    let reject =
-                        self.frame(Kind::Reject, 0, 0, &payload::tagged(&j, why.as_bytes()));
+                    let reject = Message::Reject {
+                        joiner: j,
+                        reason: Cow::Owned(why),
+                    };
+                    let reject = self.frame(&reject, 0, 0);
                     let _ = self.net.send(conn, &reject);
                     return Ok(None);
                 }
@@ -136,14 +142,23 @@ impl Group {
                     *issued = Some(s);
                     *joiner = Some(j);
                 }
-                let challenge = self.frame(Kind::Challenge, 0, 0, &payload::challenge(&j, &s));
+                let challenge = self.frame(
+                    &Message::Challenge {
+                        joiner: j,
+                        server: s,
+                    },
+                    0,
+                    0,
+                );
                 let _ = self.net.send(conn, &challenge);
                 Ok(None)
             }
-            Kind::Hello => {
-                let Some((world, s, endpoint)) = payload::read_hello(&f.payload) else {
-                    return Ok(None);
-                };
+            Message::Hello {
+                world,
+                server: s,
+                endpoint,
+            } => {
+                let (world, s) = (*world, *s);
                 let Some((issued, joiner)) = self.net.nonces(conn) else {
                     return Ok(None);
                 };
@@ -181,10 +196,14 @@ impl Group {
                 if me == 0 {
                     if self.formed() {
                         let j = j.unwrap_or_default();
-                        let again = self.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, ""));
+                        let again = Message::Welcome {
+                            joiner: j,
+                            parent: Cow::Borrowed(""),
+                        };
+                        let again = self.frame(&again, 0, 0);
                         let _ = self.net.send(conn, &again);
                     } else {
-                        self.endpoints[r] = endpoint;
+                        self.endpoints[r] = endpoint.to_string();
                         self.registered[r] = true;
                         self.welcomed[r] = false; // a new connection gets its own
                     }
@@ -259,10 +278,13 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
             Some(input) => keep_early_round(g, input),
             None => {
                 // Tell the ranks still connected who is missing, then give up.
-                let list = payload::ranks(&missing);
                 for r in 1..g.n {
                     if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
-                        let fail = g.frame(Kind::JoinFail, 0, 0, &payload::tagged(&j, &list));
+                        let fail = Message::JoinFail {
+                            joiner: j,
+                            missing: missing.clone(),
+                        };
+                        let fail = g.frame(&fail, 0, 0);
                         let _ = g.send(&conn, &fail);
                     }
                 }
@@ -275,7 +297,11 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
             let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
                 continue;
             };
-            let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, ""));
+            let welcome = Message::Welcome {
+                joiner: j,
+                parent: Cow::Borrowed(""),
+            };
+            let welcome = g.frame(&welcome, 0, 0);
             if let Err(e) = g.send(&conn, &welcome) {
                 return Err(Error::Closed {
                     backend: BACKEND,
@@ -303,8 +329,12 @@ fn welcome_ready(g: &mut Group) {
         let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
             continue;
         };
-        let endpoint = if p == 0 { "" } else { g.endpoints[p].as_str() };
-        let welcome = g.frame(Kind::Welcome, 0, 0, &payload::welcome(&j, endpoint));
+        let parent = if p == 0 { "" } else { g.endpoints[p].as_str() };
+        let welcome = Message::Welcome {
+            joiner: j,
+            parent: Cow::Borrowed(parent),
+        };
+        let welcome = g.frame(&welcome, 0, 0);
         if g.send(&conn, &welcome).is_ok() {
             g.welcomed[r] = true;
         }
@@ -332,42 +362,30 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
             }
             Some(Input::Frame(conn, f)) if conn.side == Side::Hub => {
                 let mine = |j: &[u8; 16]| Some(j) == g.knocked(Side::Hub);
-                match f.kind {
-                    Kind::Welcome => match payload::read_welcome(&f.payload) {
-                        Some((j, endpoint)) if mine(&j) && f.session != 0 => {
-                            g.session = f.session;
-                            g.formed = true;
-                            break endpoint;
-                        }
-                        _ => tracing::warn!(
-                            "dropped a welcome that does not answer this rank's knock (replayed?)"
-                        ),
-                    },
-                    Kind::Reject => match payload::read_tagged(&f.payload) {
-                        Some((j, why)) if mine(&j) => {
-                            return Err(Error::Closed {
-                                backend: BACKEND,
-                                reason: format!(
-                                    "rank 0 turned this rank away: {}",
-                                    String::from_utf8_lossy(why)
-                                ),
-                            });
-                        }
-                        _ => tracing::warn!(
-                            "dropped a reject that does not answer this rank's knock"
-                        ),
-                    },
-                    Kind::JoinFail => match payload::read_tagged(&f.payload) {
-                        Some((j, list)) if mine(&j) => {
-                            return Err(Error::Timeout {
-                                after: start.elapsed(),
-                                missing: payload::read_ranks(list).unwrap_or_default(),
-                            });
-                        }
-                        _ => tracing::warn!(
-                            "dropped a join failure that does not answer this rank's knock"
-                        ),
-                    },
+                match f.msg {
+                    Message::Welcome { joiner, parent } if mine(&joiner) && f.session != 0 => {
+                        g.session = f.session;
+                        g.formed = true;
+                        break parent.into_owned();
+                    }
+                    Message::Reject { joiner, reason } if mine(&joiner) => {
+                        return Err(Error::Closed {
+                            backend: BACKEND,
+                            reason: format!("rank 0 turned this rank away: {reason}"),
+                        });
+                    }
+                    Message::JoinFail { joiner, missing } if mine(&joiner) => {
+                        return Err(Error::Timeout {
+                            after: start.elapsed(),
+                            missing,
+                        });
+                    }
+                    Message::Welcome { .. } | Message::Reject { .. } | Message::JoinFail { .. } => {
+                        tracing::warn!(
+                            kind = ?f.kind(),
+                            "dropped a join answer that does not answer this rank's knock (replayed?)"
+                        );
+                    }
                     _ => {}
                 }
             }

@@ -42,6 +42,7 @@ mod keeper;
 mod key;
 mod loopback;
 mod machine;
+mod message;
 mod net;
 mod round;
 mod tree;

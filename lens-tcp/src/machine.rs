@@ -16,7 +16,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::frame::{Kind, payload};
+use std::borrow::Cow;
+
+use crate::message::Message;
 use crate::tree::Tree;
 
 /// Ranks other than 0 wait this fraction of a timeout longer than rank 0, so that they
@@ -47,9 +49,9 @@ pub(crate) enum To {
 
 /// What the machine needs from the connections.
 pub(crate) trait Links {
-    /// Queues a frame of this round (`kind`, the round's root, `payload`) for `to`; false
+    /// Queues a frame of this round (with the round's root) carrying `msg` for `to`; false
     /// when there is no live connection to it now.
-    fn send(&mut self, to: To, kind: Kind, payload: &[u8]) -> bool;
+    fn send(&mut self, to: To, msg: &Message<'_>) -> bool;
 }
 
 /// Who this rank is in a round, and the round.
@@ -68,10 +70,9 @@ pub(crate) struct Plan {
 pub(crate) struct Heard<'a> {
     pub from: From,
     pub sender: usize,
-    pub kind: Kind,
     /// The root the frame names.
     pub root: usize,
-    pub body: &'a [u8],
+    pub msg: &'a Message<'a>,
 }
 
 /// How a round ended on this rank.
@@ -96,8 +97,7 @@ pub(crate) struct Answer {
     /// the path to the root).
     pub asker: Option<usize>,
     pub to: To,
-    pub kind: Kind,
-    pub payload: Vec<u8>,
+    pub msg: Message<'static>,
 }
 
 impl Answer {
@@ -195,7 +195,7 @@ impl RoundMachine {
             (_, Some(p)) => {
                 // Up towards rank 0. Not reachable now (a connection being made again): sent
                 // again when the parent answers this rank's knock.
-                m.sent_mine = links.send(To::Up, Kind::Data, p);
+                m.sent_mine = links.send(To::Up, &Message::Data(Cow::Borrowed(p)));
                 m.mine = Some(p.to_vec());
             }
             (_, None) => {}
@@ -256,60 +256,58 @@ impl RoundMachine {
         let Heard {
             from,
             sender,
-            kind,
             root,
-            body,
+            msg,
         } = heard;
         let up = Self::up(self.tree, self.me);
         // The root's data on its way up, from the child whose subtree holds the root.
-        let from_root_side = kind == Kind::Data
+        let from_root_side = matches!(msg, Message::Data(_))
             && from == From::Rank(sender)
             && self.tree.parent(sender) == Some(self.me)
             && self.tree.is_below(self.root, sender)
             && root == self.root;
-        match (self.step, kind) {
-            (Step::RootData, Kind::Data) if from_root_side => {
+        match (self.step, msg) {
+            (Step::RootData, Message::Data(body)) if from_root_side => {
                 self.forward(links, body.to_vec(), now);
             }
-            (Step::Data | Step::Acks | Step::Verdict, Kind::Data)
+            (Step::Data | Step::Acks | Step::Verdict, Message::Data(body))
                 if self.me != 0 && from_root_side =>
             {
-                links.send(To::Up, Kind::Data, body);
+                links.send(To::Up, msg);
                 self.relayed = Some(body.to_vec());
             }
-            (Step::Data, Kind::Data) if from == up => {
+            (Step::Data, Message::Data(body)) if from == up => {
                 if root != self.root {
                     self.end(Outcome::WrongRoot(root));
                 } else {
                     self.forward(links, body.to_vec(), now);
                 }
             }
-            (Step::Data, Kind::Fail) if from == up => {
+            (Step::Data, Message::Fail { missing }) if from == up => {
                 // Rank 0 never got the root's data: tell the children too.
                 for c in self.tree.children(self.me) {
-                    links.send(To::Rank(c), Kind::Fail, body);
+                    links.send(To::Rank(c), msg);
                 }
-                self.end(Outcome::Missing(read_ranks(body)));
+                self.end(Outcome::Missing(missing.clone()));
             }
-            (Step::Acks, Kind::Ack) if from == From::Rank(sender) => {
+            (Step::Acks, Message::Ack { missing: below }) if from == From::Rank(sender) => {
                 let Some(at) = self.waiting.iter().position(|&c| c == sender) else {
                     return false;
                 };
                 self.waiting.remove(at);
                 // An ack may only speak for the sender's own subtree.
-                let below = read_ranks(body);
-                if below.iter().any(|&r| !self.tree.is_below(r, sender)) {
+                let tree = self.tree;
+                if below.iter().any(|&r| !tree.is_below(r, sender)) {
                     tracing::warn!(
                         rank = sender,
                         "an ack named ranks outside its subtree; ignored them"
                     );
                 }
-                let tree = self.tree;
                 self.missing
-                    .extend(below.into_iter().filter(|&r| tree.is_below(r, sender)));
+                    .extend(below.iter().copied().filter(|&r| tree.is_below(r, sender)));
                 self.acks_done(links);
             }
-            (Step::Verdict, Kind::Done | Kind::Fail) if from == up => {
+            (Step::Verdict, Message::Done | Message::Fail { .. }) if from == up => {
                 if self.me != self.root {
                     // On the path to the root: relay, and finish (this rank has the data). The
                     // root's data again (after a reset below) asks for the verdict again.
@@ -319,21 +317,20 @@ impl RoundMachine {
                             root: self.root,
                             asker: Some(c),
                             to: To::Rank(c),
-                            kind,
-                            payload: body.to_vec(),
+                            msg: msg.clone().into_owned(),
                         });
-                        links.send(To::Rank(c), kind, body);
+                        links.send(To::Rank(c), msg);
                     }
                     let data = std::mem::take(&mut self.data);
                     self.end(Outcome::Delivered(data));
-                } else if kind == Kind::Done {
+                } else if let Message::Fail { missing } = msg {
+                    self.end(Outcome::Missing(missing.clone()));
+                } else {
                     let data = std::mem::take(&mut self.data);
                     self.end(Outcome::Delivered(data));
-                } else {
-                    self.end(Outcome::Missing(read_ranks(body)));
                 }
             }
-            (Step::Verdict, Kind::Data) if from == up => {
+            (Step::Verdict, Message::Data(_)) if from == up => {
                 // The parent sends the data again (this rank proved the key again): the
                 // ack may have died with the old connection.
                 self.ack_again(links);
@@ -353,7 +350,7 @@ impl RoundMachine {
         self.waiting.retain(|&w| w != r);
         self.unreached.retain(|&u| u != r);
         if self.waiting.len() + self.unreached.len() < before {
-            if links.send(To::Rank(r), Kind::Data, &self.data) {
+            if links.send(To::Rank(r), &Message::Data(Cow::Borrowed(&self.data))) {
                 self.waiting.push(r);
             } else {
                 self.unreached.push(r);
@@ -369,9 +366,9 @@ impl RoundMachine {
         // The root's data, or rank 0's verdict on it, may have died with the old
         // connection: the data again makes rank 0 carry on or say the verdict again.
         if let Some(p) = &self.mine {
-            self.sent_mine = links.send(To::Up, Kind::Data, p);
+            self.sent_mine = links.send(To::Up, &Message::Data(Cow::Borrowed(p)));
         } else if let Some(p) = &self.relayed {
-            links.send(To::Up, Kind::Data, p);
+            links.send(To::Up, &Message::Data(Cow::Borrowed(p)));
         }
     }
 
@@ -389,9 +386,11 @@ impl RoundMachine {
         }
         match self.step {
             Step::RootData => {
-                let fail = payload::ranks(&[self.root]);
+                let fail = Message::Fail {
+                    missing: vec![self.root],
+                };
                 for r in 1..self.tree.n {
-                    links.send(To::Rank(r), Kind::Fail, &fail);
+                    links.send(To::Rank(r), &fail);
                 }
                 self.end(Outcome::Missing(vec![self.root]));
             }
@@ -425,7 +424,7 @@ impl RoundMachine {
     /// Down to the children.
     fn forward(&mut self, links: &mut impl Links, data: Vec<u8>, now: Instant) {
         for c in self.tree.children(self.me) {
-            if links.send(To::Rank(c), Kind::Data, &data) {
+            if links.send(To::Rank(c), &Message::Data(Cow::Borrowed(&data))) {
                 self.waiting.push(c);
             } else {
                 tracing::warn!(rank = c, "cannot reach a rank (yet)");
@@ -457,14 +456,15 @@ impl RoundMachine {
             self.verdict(links);
             return;
         }
-        let ack = payload::ranks(&self.missing);
+        let ack = Message::Ack {
+            missing: self.missing.clone(),
+        };
         self.answers.push(Answer {
             round: self.round,
             root: self.root,
             asker: None,
             to: To::Up,
-            kind: Kind::Ack,
-            payload: ack,
+            msg: ack,
         });
         // The parent sends the data again once this rank proves the key on a new
         // connection, and hears the ack then.
@@ -478,8 +478,8 @@ impl RoundMachine {
     }
 
     fn ack_again(&mut self, links: &mut impl Links) {
-        if let Some(a) = self.answers.iter().find(|a| a.kind == Kind::Ack) {
-            if !links.send(a.to, a.kind, &a.payload) {
+        if let Some(a) = self.answers.iter().find(|a| a.asker.is_none()) {
+            if !links.send(a.to, &a.msg) {
                 tracing::debug!("the ack waits for a reconnection");
             }
         }
@@ -490,29 +490,30 @@ impl RoundMachine {
     fn verdict(&mut self, links: &mut impl Links) {
         let root = self.root;
         let missing = std::mem::take(&mut self.missing);
-        let (kind, body) = if missing.is_empty() {
-            (Kind::Done, Vec::new())
+        let verdict = if missing.is_empty() {
+            Message::Done
         } else {
-            (Kind::Fail, payload::ranks(&missing))
+            Message::Fail {
+                missing: missing.clone(),
+            }
         };
         if let Some(c) = self.towards_root() {
             // The child on the path to the root relays it; its repeat of the root's data
             // asks for it again.
-            self.answers.push(Answer {
-                round: self.round,
-                root,
-                asker: Some(c),
-                to: To::Rank(c),
-                kind,
-                payload: body.clone(),
-            });
-            if !links.send(To::Rank(c), kind, &body) {
+            if !links.send(To::Rank(c), &verdict) {
                 // The root hears it when it proves the key again and sends its data again.
                 tracing::warn!(
                     rank = root,
                     "cannot tell the root how its round ended (yet)"
                 );
             }
+            self.answers.push(Answer {
+                round: self.round,
+                root,
+                asker: Some(c),
+                to: To::Rank(c),
+                msg: verdict.clone(),
+            });
         }
         if missing.is_empty() {
             let data = std::mem::take(&mut self.data);
@@ -521,7 +522,7 @@ impl RoundMachine {
         }
         for &r in &missing {
             if r != 0 && r != root {
-                links.send(To::Rank(r), Kind::Fail, &body);
+                links.send(To::Rank(r), &verdict);
             }
         }
         self.end(Outcome::Missing(missing));
@@ -531,10 +532,6 @@ impl RoundMachine {
         self.step = Step::Over;
         self.outcome = Some(outcome);
     }
-}
-
-fn read_ranks(body: &[u8]) -> Vec<usize> {
-    payload::read_ranks(body).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use lens_core::{Error, Result};
 
 use crate::frame::{Frame, Kind};
 use crate::group::{Group, Input};
+use crate::message::Message;
 use crate::net::{ConnId, Side};
 
 use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
@@ -24,8 +25,8 @@ struct GroupLinks<'a> {
 }
 
 impl Links for GroupLinks<'_> {
-    fn send(&mut self, to: To, kind: Kind, payload: &[u8]) -> bool {
-        let bytes = self.g.frame(kind, self.round, self.root, payload);
+    fn send(&mut self, to: To, msg: &Message<'_>) -> bool {
+        let bytes = self.g.frame(msg, self.round, self.root);
         self.g.send_to(to, &bytes)
     }
 }
@@ -123,14 +124,14 @@ impl Group {
     /// A frame that arrived during a round: the machine's if it is of this round and the
     /// machine takes it, else kept for later (or answered, or dropped).
     fn feed(&mut self, m: &mut RoundMachine, root: usize, conn: ConnId, f: Frame) {
-        if f.round == self.round && !matches!(f.kind, Kind::Welcome | Kind::Reject | Kind::JoinFail)
+        if f.round == self.round
+            && !matches!(f.kind(), Kind::Welcome | Kind::Reject | Kind::JoinFail)
         {
             let heard = Heard {
                 from: from_of(&conn, f.sender),
                 sender: f.sender as usize,
-                kind: f.kind,
                 root: f.root as usize,
-                body: &f.payload,
+                msg: &f.msg,
             };
             let used = m.on_frame(&mut self.links(root), heard, Instant::now());
             if used {
@@ -145,7 +146,7 @@ impl Group {
     /// again what may have died with its old connection. A member acknowledges again; rank
     /// 0 tells the root its verdict again.
     fn answer_repeat(&mut self, conn: &ConnId, f: &Frame) -> bool {
-        if f.kind != Kind::Data {
+        if f.kind() != Kind::Data {
             return false;
         }
         let up = RoundMachine::up(self.tree, self.rank);
@@ -157,7 +158,7 @@ impl Group {
         else {
             return false;
         };
-        let bytes = self.frame(a.kind, a.round, a.root, &a.payload);
+        let bytes = self.frame(&a.msg, a.round, a.root);
         let to = a.to;
         tracing::debug!(
             round = f.round,
@@ -186,16 +187,16 @@ impl Group {
         if self.answer_repeat(&conn, &f) {
             return;
         }
-        match f.kind {
+        match f.kind() {
             Kind::Welcome | Kind::JoinFail => {} // answers to a knock after a reconnection
             Kind::Reject => {
-                tracing::error!(reason = %String::from_utf8_lossy(&f.payload), "rank 0 turned this rank's new connection away");
+                tracing::error!(message = ?f.msg, "rank 0 turned this rank's new connection away");
             }
             _ if f.round > self.round && self.pending.len() < PENDING_PER_RANK * self.n => {
                 self.pending.push_back((conn, f));
             }
             _ => {
-                tracing::debug!(round = f.round, now = self.round, kind = ?f.kind, "dropped a frame of another round");
+                tracing::debug!(round = f.round, now = self.round, kind = ?f.kind(), "dropped a frame of another round");
             }
         }
     }

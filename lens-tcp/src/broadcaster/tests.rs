@@ -1,5 +1,7 @@
 use super::*;
-use crate::frame::{Kind, payload};
+use std::borrow::Cow;
+
+use crate::message::Message;
 use crate::net::ConnId;
 
 const KEY: &[u8] = b"replay test key, long enough....";
@@ -54,8 +56,14 @@ fn replayed_frames_are_dropped() {
         let session = g.session;
         let codec = g.net.codec().clone();
         // Round 2's data again, word for word, and a frame of another session.
-        let old = codec.encode(Kind::Data, 1, session, 2, 1, &[2; 8]);
-        let other = codec.encode(Kind::Data, 1, session ^ 0xff, 4, 1, b"evil");
+        let old = codec.encode(&Message::Data(Cow::Borrowed(&[2; 8])), 1, session, 2, 1);
+        let other = codec.encode(
+            &Message::Data(Cow::Borrowed(b"evil")),
+            1,
+            session ^ 0xff,
+            4,
+            1,
+        );
         let hub_conn = ConnId::outbound(Side::Hub);
         g.send(&hub_conn, &old).expect("send");
         g.send(&hub_conn, &other).expect("send");
@@ -121,7 +129,7 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
     {
         // Rank 1's ack for the next round, sent early, naming rank 2 as missing.
         let mut g = ranks[1].group();
-        let forged = g.frame(Kind::Ack, 1, 0, &payload::ranks(&[2]));
+        let forged = g.frame(&Message::Ack { missing: vec![2] }, 1, 0);
         g.send(&ConnId::outbound(Side::Hub), &forged).expect("send");
     }
     let results = lens_testkit::on_each_rank(&ranks, |b| {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
-use crate::frame::{Kind, payload};
+use std::borrow::Cow;
+
+use crate::message::Message;
 use crate::tree::Tree;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -18,9 +20,8 @@ const ROUND: u64 = 7;
 #[derive(Debug, Clone)]
 struct Msg {
     sender: usize,
-    kind: Kind,
     root: usize,
-    body: Vec<u8>,
+    msg: Message<'static>,
 }
 
 /// One connection between a member and rank 0 or its tree parent, with a queue each way.
@@ -79,12 +80,11 @@ struct SimLinks<'a> {
 }
 
 impl Links for SimLinks<'_> {
-    fn send(&mut self, to: To, kind: Kind, body: &[u8]) -> bool {
+    fn send(&mut self, to: To, msg: &Message<'_>) -> bool {
         let msg = Msg {
             sender: self.me,
-            kind,
             root: self.root,
-            body: body.to_vec(),
+            msg: msg.clone().into_owned(),
         };
         let (member, server, upward) = match to {
             To::Up => (self.me, self.tree.parent(self.me).unwrap_or(0), true),
@@ -223,19 +223,18 @@ impl Sim {
             let heard = Heard {
                 from,
                 sender: msg.sender,
-                kind: msg.kind,
                 root: msg.root,
-                body: &msg.body,
+                msg: &msg.msg,
             };
             m.on_frame(&mut links, heard, now);
-        } else if msg.kind == Kind::Data {
+        } else if matches!(msg.msg, Message::Data(_)) {
             if let Some(a) = m
                 .answers()
                 .iter()
                 .find(|a| a.answers(ROUND, from, msg.sender, up))
                 .cloned()
             {
-                links.send(a.to, a.kind, &a.payload);
+                links.send(a.to, &a.msg);
             }
         }
         self.collect();
@@ -318,9 +317,17 @@ impl Sim {
                 // Claims to be another rank, with another payload.
                 let msg = Msg {
                     sender: x % n,
-                    kind: [Kind::Data, Kind::Ack, Kind::Done, Kind::Fail][x % 4],
                     root: (self.root + x) % n,
-                    body: b"forged".to_vec(),
+                    msg: match x % 4 {
+                        0 => Message::Data(Cow::Borrowed(b"forged")),
+                        1 => Message::Ack {
+                            missing: vec![x % n],
+                        },
+                        2 => Message::Done,
+                        _ => Message::Fail {
+                            missing: vec![x % n],
+                        },
+                    },
                 };
                 // The socket layer drops such a frame (a connection speaks only for the rank
                 // that proved the key on it); the machine must not be fooled either.
@@ -347,9 +354,8 @@ impl Sim {
                     (0..tree.n).filter(|&r| !tree.is_below(r, member)).collect();
                 let msg = Msg {
                     sender: member,
-                    kind: Kind::Ack,
                     root: self.root,
-                    body: payload::ranks(&outside),
+                    msg: Message::Ack { missing: outside },
                 };
                 self.hand(server, From::Rank(member), msg);
             }
@@ -595,9 +601,4 @@ fn failure_table() {
             assert_eq!(o.as_ref(), Some(&want(r)), "{why}: rank {r}");
         }
     }
-    // The verdict payload names ranks as the wire does.
-    assert_eq!(
-        payload::read_ranks(&payload::ranks(&[3, 4])),
-        Some(vec![3, 4])
-    );
 }

@@ -66,7 +66,11 @@ fn closed(s: &mut TcpStream) -> bool {
 }
 
 fn knock(codec: &Codec) -> Vec<u8> {
-    codec.encode(Kind::Knock, 1, 0, 0, 0, &[0; 20])
+    let knock = crate::message::Message::Knock {
+        world: 2,
+        joiner: [0; 16],
+    };
+    codec.encode(&knock, 1, 0, 0, 0)
 }
 
 #[test]

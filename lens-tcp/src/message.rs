@@ -1,0 +1,332 @@
+//! What frames say: one typed message per kind, with its one encoding and its one decoding
+//! (the payload layouts; the frame's header and tag are `frame.rs`'s). All integers are
+//! little-endian; a nonce is 16 random bytes; ranks travel as u32 each; an endpoint is its
+//! length (u16) and at most [`MAX_ENDPOINT`] bytes of UTF-8.
+
+use std::borrow::Cow;
+
+use crate::frame::{Kind, MAX_ENDPOINT, NONCE, Nonce};
+
+/// A frame's message. Decoded messages own their bytes (`'static`); messages being sent
+/// borrow them, so a round's data is never copied to be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Message<'a> {
+    /// A joiner asks for a challenge: its world size and a fresh nonce.
+    Knock { world: u32, joiner: Nonce },
+    /// The server's answer to a KNOCK: the joiner's nonce, and one of its own.
+    Challenge { joiner: Nonce, server: Nonce },
+    /// The joiner's answer to a CHALLENGE: its world size, the server's nonce, and where it
+    /// listens for its tree children (empty when it has none).
+    Hello {
+        world: u32,
+        server: Nonce,
+        endpoint: Cow<'a, str>,
+    },
+    /// Rank 0 admits a joiner: its nonce, and where its tree parent listens (empty when that
+    /// is rank 0); the session is in the header.
+    Welcome { joiner: Nonce, parent: Cow<'a, str> },
+    /// The server turns a joiner away, saying why.
+    Reject { joiner: Nonce, reason: Cow<'a, str> },
+    /// Rank 0 gave up forming the group: the ranks that never joined.
+    JoinFail { joiner: Nonce, missing: Vec<usize> },
+    /// A round's payload.
+    Data(Cow<'a, [u8]>),
+    /// A rank received a round: the ranks missing below it.
+    Ack { missing: Vec<usize> },
+    /// Every rank received the round (rank 0 to the root).
+    Done,
+    /// The round failed for want of these ranks.
+    Fail { missing: Vec<usize> },
+}
+
+impl Message<'_> {
+    /// The kind of frame that carries it.
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Message::Knock { .. } => Kind::Knock,
+            Message::Challenge { .. } => Kind::Challenge,
+            Message::Hello { .. } => Kind::Hello,
+            Message::Welcome { .. } => Kind::Welcome,
+            Message::Reject { .. } => Kind::Reject,
+            Message::JoinFail { .. } => Kind::JoinFail,
+            Message::Data(_) => Kind::Data,
+            Message::Ack { .. } => Kind::Ack,
+            Message::Done => Kind::Done,
+            Message::Fail { .. } => Kind::Fail,
+        }
+    }
+
+    /// The payload bytes (a round's data as it is).
+    pub(crate) fn payload(&self) -> Cow<'_, [u8]> {
+        let mut p = Vec::new();
+        match self {
+            Message::Data(d) => return Cow::Borrowed(d),
+            Message::Done => {}
+            Message::Knock { world, joiner } => {
+                p.extend_from_slice(&world.to_le_bytes());
+                p.extend_from_slice(joiner);
+            }
+            Message::Challenge { joiner, server } => {
+                p.extend_from_slice(joiner);
+                p.extend_from_slice(server);
+            }
+            Message::Hello {
+                world,
+                server,
+                endpoint,
+            } => {
+                p.extend_from_slice(&world.to_le_bytes());
+                p.extend_from_slice(server);
+                push_str(&mut p, endpoint);
+            }
+            Message::Welcome { joiner, parent } => {
+                p.extend_from_slice(joiner);
+                push_str(&mut p, parent);
+            }
+            Message::Reject { joiner, reason } => {
+                p.extend_from_slice(joiner);
+                p.extend_from_slice(reason.as_bytes());
+            }
+            Message::JoinFail { joiner, missing } => {
+                p.extend_from_slice(joiner);
+                push_ranks(&mut p, missing);
+            }
+            Message::Ack { missing } | Message::Fail { missing } => push_ranks(&mut p, missing),
+        }
+        Cow::Owned(p)
+    }
+
+    /// The message with bytes of its own.
+    pub(crate) fn into_owned(self) -> Message<'static> {
+        match self {
+            Message::Knock { world, joiner } => Message::Knock { world, joiner },
+            Message::Challenge { joiner, server } => Message::Challenge { joiner, server },
+            Message::Hello {
+                world,
+                server,
+                endpoint,
+            } => Message::Hello {
+                world,
+                server,
+                endpoint: Cow::Owned(endpoint.into_owned()),
+            },
+            Message::Welcome { joiner, parent } => Message::Welcome {
+                joiner,
+                parent: Cow::Owned(parent.into_owned()),
+            },
+            Message::Reject { joiner, reason } => Message::Reject {
+                joiner,
+                reason: Cow::Owned(reason.into_owned()),
+            },
+            Message::JoinFail { joiner, missing } => Message::JoinFail { joiner, missing },
+            Message::Data(d) => Message::Data(Cow::Owned(d.into_owned())),
+            Message::Ack { missing } => Message::Ack { missing },
+            Message::Done => Message::Done,
+            Message::Fail { missing } => Message::Fail { missing },
+        }
+    }
+}
+
+impl Message<'static> {
+    /// The message a frame of `kind` carries in `p`; `None` when the payload does not fit
+    /// its kind (or the kind carries no message: the unsigned key hint).
+    pub(crate) fn decode(kind: Kind, p: Vec<u8>) -> Option<Message<'static>> {
+        Some(match kind {
+            Kind::Knock => {
+                (p.len() == 4 + NONCE).then_some(())?;
+                Message::Knock {
+                    world: u32_at(&p, 0)?,
+                    joiner: nonce_at(&p, 4)?,
+                }
+            }
+            Kind::Challenge => {
+                (p.len() == 2 * NONCE).then_some(())?;
+                Message::Challenge {
+                    joiner: nonce_at(&p, 0)?,
+                    server: nonce_at(&p, NONCE)?,
+                }
+            }
+            Kind::Hello => {
+                let (endpoint, end) = read_str(&p, 4 + NONCE)?;
+                (end == p.len()).then_some(())?;
+                Message::Hello {
+                    world: u32_at(&p, 0)?,
+                    server: nonce_at(&p, 4)?,
+                    endpoint: Cow::Owned(endpoint),
+                }
+            }
+            Kind::Welcome => {
+                let (parent, end) = read_str(&p, NONCE)?;
+                (end == p.len()).then_some(())?;
+                Message::Welcome {
+                    joiner: nonce_at(&p, 0)?,
+                    parent: Cow::Owned(parent),
+                }
+            }
+            Kind::Reject => Message::Reject {
+                joiner: nonce_at(&p, 0)?,
+                reason: Cow::Owned(String::from_utf8_lossy(p.get(NONCE..)?).into_owned()),
+            },
+            Kind::JoinFail => Message::JoinFail {
+                joiner: nonce_at(&p, 0)?,
+                missing: read_ranks(p.get(NONCE..)?)?,
+            },
+            Kind::Data => Message::Data(Cow::Owned(p)),
+            Kind::Ack => Message::Ack {
+                missing: read_ranks(&p)?,
+            },
+            Kind::Done => {
+                p.is_empty().then_some(())?;
+                Message::Done
+            }
+            Kind::Fail => Message::Fail {
+                missing: read_ranks(&p)?,
+            },
+            Kind::KeyMismatch => return None,
+        })
+    }
+}
+
+fn nonce_at(p: &[u8], at: usize) -> Option<Nonce> {
+    p.get(at..at + NONCE)?.try_into().ok()
+}
+
+fn u32_at(p: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(p.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// `s` cut to [`MAX_ENDPOINT`] bytes (endpoints are checked when they are made).
+fn push_str(p: &mut Vec<u8>, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(MAX_ENDPOINT)];
+    p.extend_from_slice(&u16::try_from(s.len()).unwrap_or(0).to_le_bytes());
+    p.extend_from_slice(s);
+}
+
+fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
+    let len = usize::from(u16::from_le_bytes(p.get(at..at + 2)?.try_into().ok()?));
+    if len > MAX_ENDPOINT {
+        return None;
+    }
+    let s = p.get(at + 2..at + 2 + len)?;
+    Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
+}
+
+/// Ranks are below the world size, which the configuration keeps within u32.
+fn push_ranks(p: &mut Vec<u8>, ranks: &[usize]) {
+    for &r in ranks {
+        p.extend_from_slice(&u32::try_from(r).unwrap_or(u32::MAX).to_le_bytes());
+    }
+}
+
+fn read_ranks(p: &[u8]) -> Option<Vec<usize>> {
+    (p.len() % 4 == 0).then(|| {
+        p.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(m: Message<'_>) -> Option<Message<'static>> {
+        Message::decode(m.kind(), m.payload().into_owned())
+    }
+
+    #[test]
+    fn every_message_survives_its_encoding() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let rows: Vec<Message<'_>> = vec![
+            Message::Knock {
+                world: 7,
+                joiner: a,
+            },
+            Message::Challenge {
+                joiner: a,
+                server: b,
+            },
+            Message::Hello {
+                world: 3,
+                server: b,
+                endpoint: "h:1".into(),
+            },
+            Message::Hello {
+                world: 3,
+                server: b,
+                endpoint: "".into(),
+            },
+            Message::Welcome {
+                joiner: a,
+                parent: "x:9".into(),
+            },
+            Message::Welcome {
+                joiner: a,
+                parent: "".into(),
+            },
+            Message::Reject {
+                joiner: a,
+                reason: "the group formed already".into(),
+            },
+            Message::JoinFail {
+                joiner: a,
+                missing: vec![2, 9],
+            },
+            Message::Data(Cow::Borrowed(b"a carrier")),
+            Message::Data(Cow::Borrowed(b"")),
+            Message::Ack { missing: vec![] },
+            Message::Ack {
+                missing: vec![1, 5],
+            },
+            Message::Done,
+            Message::Fail { missing: vec![3] },
+        ];
+        for m in rows {
+            assert_eq!(round_trip(m.clone()).as_ref(), Some(&m), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn payloads_that_do_not_fit_their_kind_are_refused() {
+        let a = [1u8; 16];
+        let welcome = Message::Welcome {
+            joiner: a,
+            parent: "x:9".into(),
+        }
+        .payload()
+        .into_owned();
+        let hello = Message::Hello {
+            world: 3,
+            server: a,
+            endpoint: "abc".into(),
+        }
+        .payload()
+        .into_owned();
+        let rows: Vec<(&str, Kind, Vec<u8>)> = vec![
+            ("knock too short", Kind::Knock, vec![0; 19]),
+            ("knock too long", Kind::Knock, vec![0; 21]),
+            ("challenge short", Kind::Challenge, vec![0; 31]),
+            ("hello cut", Kind::Hello, hello[..22].to_vec()),
+            (
+                "welcome with a byte too many",
+                Kind::Welcome,
+                [welcome, vec![0]].concat(),
+            ),
+            ("welcome without its endpoint", Kind::Welcome, a.to_vec()),
+            ("ranks not a multiple of 4", Kind::Ack, vec![0; 5]),
+            ("join failure too short", Kind::JoinFail, vec![0; 15]),
+            ("reject too short", Kind::Reject, vec![0; 15]),
+            ("done with a payload", Kind::Done, vec![0]),
+            ("an endpoint over the limit", Kind::Welcome, {
+                let mut p = a.to_vec();
+                p.extend_from_slice(&300u16.to_le_bytes());
+                p.extend(std::iter::repeat_n(b'x', 300));
+                p
+            }),
+            ("the key hint carries no message", Kind::KeyMismatch, vec![]),
+        ];
+        for (why, kind, p) in rows {
+            assert_eq!(Message::decode(kind, p), None, "{why}");
+        }
+    }
+}
