@@ -32,67 +32,15 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::message::Message;
+pub(crate) use crate::message::{Kind, MAX_ENDPOINT, Message, NONCE, Nonce};
 
 pub(crate) const MAGIC: &[u8; 4] = b"LNS2";
 pub(crate) const HEADER: usize = 33;
 pub(crate) const TAG: usize = 32;
 /// The length prefix before each frame on a connection.
 pub(crate) const PREFIX: usize = 4;
-pub(crate) const NONCE: usize = 16;
-/// Longest endpoint a rank may announce for its tree children.
-pub(crate) const MAX_ENDPOINT: usize = 255;
 /// Largest frame a connection may send before it proves the key: a KNOCK or a HELLO.
 pub(crate) const JOIN_FRAME_MAX: usize = HEADER + 4 + NONCE + 2 + MAX_ENDPOINT + TAG;
-
-pub(crate) type Nonce = [u8; NONCE];
-
-/// What a frame is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A joiner asks for a challenge.
-    Knock = 1,
-    /// The server's answer to a KNOCK: proves it holds the key and is live.
-    Challenge = 2,
-    /// The joiner's answer to a CHALLENGE: proves it holds the key and is live.
-    Hello = 3,
-    /// Rank 0 admits a joiner (at formation: with the tree's endpoints and the session).
-    Welcome = 4,
-    /// The server turns a joiner away.
-    Reject = 5,
-    /// A round's payload.
-    Data = 6,
-    /// A rank received a round.
-    Ack = 7,
-    /// Every rank received the round (rank 0 to the root).
-    Done = 8,
-    /// The round failed.
-    Fail = 9,
-    /// Rank 0 gave up forming the group.
-    JoinFail = 10,
-    /// Unsigned hint: a KNOCK failed authentication here.
-    KeyMismatch = 12,
-}
-
-impl Kind {
-    fn from_u8(b: u8) -> Option<Kind> {
-        Some(match b {
-            1 => Kind::Knock,
-            2 => Kind::Challenge,
-            3 => Kind::Hello,
-            4 => Kind::Welcome,
-            5 => Kind::Reject,
-            6 => Kind::Data,
-            7 => Kind::Ack,
-            8 => Kind::Done,
-            9 => Kind::Fail,
-            10 => Kind::JoinFail,
-            // 11 was a request to join again; a rank that reconnects knocks by itself.
-            12 => Kind::KeyMismatch,
-            _ => return None,
-        })
-    }
-}
 
 /// A verified frame: its header, and its message (`message.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
