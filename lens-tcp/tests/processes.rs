@@ -22,35 +22,54 @@ fn eight_processes_pass_conformance_with_tree_fan_out() {
     run_processes(Some(2));
 }
 
-fn run_processes(fan_out: Option<usize>) {
-    // A free loopback port for rank 0 (it binds it a moment later).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A free loopback port for rank 0 (it binds it a moment later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
         .expect("addr")
-        .port();
-    let exe = std::env::current_exe().expect("test binary");
-    let mut children = Vec::new();
-    for rank in 0..WORLD {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--exact",
-            "child_rank",
-            "--ignored",
-            "--test-threads=1",
-            "--quiet",
-        ])
+        .port()
+}
+
+/// This test binary as rank `rank` of a job of `world` at `port`, configured from the
+/// environment as torchrun would, running the ignored test `child`.
+fn rank_command(
+    cmd: &mut Command,
+    child: &str,
+    rank: usize,
+    world: usize,
+    port: u16,
+    fan_out: usize,
+) {
+    cmd.arg(std::env::current_exe().expect("test binary"))
+        .args(["--exact", child, "--ignored", "--test-threads=1", "--quiet"])
         .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", WORLD.to_string())
+        .env("WORLD_SIZE", world.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
-        .env("LENS_TCP_KEY", "eight processes share this job key")
-        .env("LENS_TCP_TIMEOUT", "20")
-        .env("LENS_TCP_TEST_CHILD", "1")
         .env(
-            "LENS_TCP_FAN_OUT",
-            fan_out.map_or(String::from("7"), |k| k.to_string()),
+            "LENS_TCP_KEY",
+            "the processes of this test share this job key",
+        )
+        .env("LENS_TCP_FAN_OUT", fan_out.to_string())
+        .env("LENS_TCP_TEST_CHILD", "1");
+}
+
+fn run_processes(fan_out: Option<usize>) {
+    let port = free_port();
+    let mut children = Vec::new();
+    for rank in 0..WORLD {
+        // `env` runs the binary: rank_command names it as the first argument.
+        let mut cmd = Command::new("env");
+        rank_command(
+            &mut cmd,
+            "child_rank",
+            rank,
+            WORLD,
+            port,
+            fan_out.unwrap_or(WORLD - 1),
         );
+        cmd.env("LENS_TCP_TIMEOUT", "20");
         children.push(Supervised::spawn(&mut cmd, DEADLINE).expect("start a rank"));
     }
     // Fails at the first rank that fails; the others are killed as they are dropped.
@@ -92,7 +111,9 @@ const LARGE_FAN_OUT: usize = 4;
 /// binary, libzmq's context and sockets) and its four children, never one per rank.
 const LARGE_RANK0_FDS: usize = 64;
 
-/// Every child of a test, killed when dropped (a failed assertion).
+/// Every child of a test, killed when dropped (a failed assertion). Not
+/// `lens_testkit::process::Supervised`, which drains each child's pipes on two threads of
+/// its own: 2,048 threads here, for output nobody reads.
 struct Children(Vec<Child>);
 
 impl Drop for Children {
@@ -112,34 +133,15 @@ impl Drop for Children {
 #[test]
 #[allow(clippy::print_stderr)]
 fn a_thousand_processes_form_a_tree_under_ulimit_1024() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let exe = std::env::current_exe().expect("test binary");
+    let port = free_port();
     let started = Instant::now();
     let mut children = Children(Vec::with_capacity(LARGE));
     for rank in 0..LARGE {
         let mut cmd = Command::new("prlimit");
-        cmd.args(["--nofile=1024:1024", "--"])
-            .arg(&exe)
-            .args([
-                "--exact",
-                "tree_child",
-                "--ignored",
-                "--test-threads=1",
-                "--quiet",
-            ])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", LARGE.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("LENS_TCP_KEY", "a thousand processes share this job key")
-            .env("LENS_TCP_TIMEOUT", "60")
+        cmd.args(["--nofile=1024:1024", "--"]);
+        rank_command(&mut cmd, "tree_child", rank, LARGE, port, LARGE_FAN_OUT);
+        cmd.env("LENS_TCP_TIMEOUT", "60")
             .env("LENS_TCP_JOIN_TIMEOUT", "240")
-            .env("LENS_TCP_FAN_OUT", LARGE_FAN_OUT.to_string())
-            .env("LENS_TCP_TEST_CHILD", "1")
             .stdin(Stdio::null())
             .stdout(if SAMPLED.contains(&rank) {
                 Stdio::piped()
