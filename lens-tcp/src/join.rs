@@ -8,18 +8,21 @@
 //!   KNOCK     world, nonce J          ->
 //!                                     <-   CHALLENGE  J, nonce S       (per connection)
 //!   HELLO     world, S, endpoint      ->                               (proves the joiner)
-//!                                     <-   WELCOME    J, table, session (rank 0 only)
+//!                                     <-   WELCOME    J, parent's endpoint, session
+//!                                                                      (rank 0 only)
 //! ```
 //! The joiner accepts a CHALLENGE, WELCOME, REJECT or JOIN FAIL only when it carries J,
 //! the nonce it just sent; the server admits a HELLO only when it carries S, the nonce it
 //! gave that connection. A rank that reconnects (a reset, a restart during formation) runs
 //! the same handshake on its new connection and replaces its old one.
 //!
-//! Formation: rank 0 admits every rank, then sends each a WELCOME with the session and the
-//! endpoint table (where each rank with tree children listens for them). A rank other than
-//! 0 waits for its WELCOME, joins its tree parent when that is not rank 0 (the same
-//! handshake, with the session), and waits for its own tree children. A formation that
-//! fails names the ranks that never joined; rank 0 tells the ranks it admitted.
+//! Formation: rank 0 chooses the session and admits every rank. In a star it WELCOMEs them
+//! all once every rank has joined. In a tree it WELCOMEs a rank as soon as the rank's tree
+//! parent has joined, naming where the parent listens; a rank whose parent is not rank 0
+//! then leaves rank 0 and joins its parent (the same handshake, with the session), so no
+//! rank keeps a connection per rank. Every rank then waits for its own tree children. A
+//! formation that fails names the ranks that never joined; rank 0 tells the ranks still
+//! connected to it.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};

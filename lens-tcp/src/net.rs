@@ -8,7 +8,8 @@
 //! itself, never reads an id from the peer, reports connections opening and closing, and
 //! lets lens close any one of them. So every rank has at most three sockets: one listening
 //! (rank 0's rendezvous, or a rank's port for its tree children) and one connection each
-//! to rank 0 and to its tree parent.
+//! to rank 0 and to its tree parent (in a tree, a rank whose parent is not rank 0 hangs up
+//! on rank 0 once it has joined).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
