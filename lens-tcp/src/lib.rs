@@ -10,6 +10,10 @@
 //! The threat model (what a stranger, the network and a buggy insider can and cannot do,
 //! and what travels in clear) is in the project README, section "Threat model".
 //!
+//! Each rank has a thread of its own (`lens-tcp-keeper-<rank>`) that serves its connections
+//! while no round runs, so the limits on strangers hold between rounds too. Unix only (it
+//! sleeps in `poll(2)` on descriptors).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use lens_tcp::{TcpBroadcaster, TcpConfigBuilder};
