@@ -226,7 +226,13 @@ impl OtlpBuilder {
                             .with_timeout(timeout)
                             .build()
                     };
-                    runtime = Some(rt);
+                    if built.is_ok() {
+                        runtime = Some(rt);
+                    } else {
+                        // Dropping a runtime blocks until its threads end, which panics
+                        // inside the caller's async code: let it go in the background.
+                        rt.shutdown_background();
+                    }
                     built
                 }
                 Protocol::HttpProtobuf => SpanExporter::builder()

@@ -422,3 +422,51 @@ fn ranks_agree_on_a_job_id_from_the_source() {
         }
     }
 }
+
+/// No endpoint string, protocol or unreachable host makes `build` (or the guard's shutdown
+/// and drop) panic, in a plain caller or inside async code on either tokio runtime: the
+/// gRPC exporter's own runtime must never be dropped inside the caller's.
+#[test]
+fn no_endpoint_panics_in_sync_or_async_callers() {
+    let endpoints = [
+        "https://127.0.0.1:1",
+        "https://[::1]:1/v1/traces",
+        "http://127.0.0.1:1",
+        "https://no-such-host.invalid:4317",
+        "grpc://127.0.0.1:4317",
+        "ftp://127.0.0.1:1",
+        "http://",
+        "http://exa mple.com:1",
+        "http://127.0.0.1:99999",
+        "",
+        "   ",
+        "\u{0}",
+    ];
+    let attempt = |endpoint: &str, protocol: Protocol| {
+        let built = OtlpBuilder::new(RankInfo::single())
+            .protocol(protocol)
+            .endpoint(endpoint)
+            .timeout(Duration::from_millis(200))
+            .shutdown_timeout(Duration::from_millis(200))
+            .build();
+        if let Ok(guard) = built {
+            guard.tracer("t").start("a span").end();
+            let _ = guard.shutdown();
+        }
+    };
+    for protocol in [Protocol::Grpc, Protocol::HttpProtobuf] {
+        for endpoint in endpoints {
+            attempt(endpoint, protocol);
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async { attempt(endpoint, protocol) });
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async { attempt(endpoint, protocol) });
+        }
+    }
+}
