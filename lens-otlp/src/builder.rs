@@ -8,7 +8,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
-    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider,
+    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
     SpanExporter as SdkSpanExporter, TracerProviderBuilder,
 };
 
@@ -47,7 +47,12 @@ pub struct OtlpBuilder {
     batch: Option<BatchConfig>,
     resource: Vec<KeyValue>,
     also: AlsoExport,
-    /// A variable that did not parse; reported by `build` unless code set the field.
+    /// A gRPC endpoint without a scheme is plain `http://`.
+    insecure: bool,
+    /// No export and no recording (`OTEL_SDK_DISABLED`).
+    disabled: bool,
+    /// A variable that did not parse, or that lens cannot honour; reported by `build`
+    /// unless code set the field.
     env_errors: Vec<(&'static str, Error)>,
     lookup_protocol: Option<Result<Protocol, String>>,
 }
@@ -68,16 +73,20 @@ impl OtlpBuilder {
             batch: None,
             resource: Vec::new(),
             also: AlsoExport(Vec::new()),
+            insecure: false,
+            disabled: false,
             env_errors: Vec::new(),
             lookup_protocol: Some(Ok(Protocol::default())),
         }
     }
 
-    /// A builder that reads the standard variables of [`crate::env`]: the protocol and
-    /// endpoint (`OTEL_EXPORTER_OTLP_*`), `OTEL_SERVICE_NAME`, which ranks export
-    /// (`LENS_OTLP_EXPORT_RANKS`) and the timeout (`LENS_OTLP_TIMEOUT`). The batch processor
-    /// reads `OTEL_BSP_*`. A value that does not parse is reported by
-    /// [`OtlpBuilder::build`], unless code sets that field.
+    /// A builder that reads the standard variables of [`crate::env`]: the protocol,
+    /// endpoint, timeout and `INSECURE` (`OTEL_EXPORTER_OTLP_*`, the traces variable first),
+    /// `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, which ranks export
+    /// (`LENS_OTLP_EXPORT_RANKS`) and `LENS_OTLP_TIMEOUT`. The batch processor reads
+    /// `OTEL_BSP_*`. A value that does not parse, or that lens cannot honour (compression,
+    /// the TLS files), is reported by [`OtlpBuilder::build`] naming the variable, unless
+    /// code sets that field.
     pub fn from_env(info: RankInfo) -> Self {
         Self::from_vars(info, |k| std::env::var(k).ok())
     }
@@ -94,6 +103,7 @@ impl OtlpBuilder {
                 Err(e) => b.env_errors.push((env::LENS_OTLP_EXPORT_RANKS, e)),
             }
         }
+        b.read_otlp_variables(&lookup);
         if let Some(text) = lookup(env::LENS_OTLP_TIMEOUT) {
             match parse_timeout_secs(env::LENS_OTLP_TIMEOUT, &text) {
                 Ok(t) => b.timeout = t,
@@ -101,6 +111,82 @@ impl OtlpBuilder {
             }
         }
         b
+    }
+
+    /// The specification's variables beyond protocol and endpoint: the timeout (the traces
+    /// variable, then the generic one), `INSECURE`, `OTEL_SDK_DISABLED`, and the ones lens
+    /// cannot honour yet (compression, TLS files), each an error naming it.
+    fn read_otlp_variables(&mut self, lookup: &dyn Fn(&str) -> Option<String>) {
+        let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        for name in [
+            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+            env::OTEL_EXPORTER_OTLP_TIMEOUT,
+        ] {
+            if let Some(text) = set(name) {
+                match text.trim().parse::<u64>() {
+                    Ok(ms) if ms > 0 => self.timeout = Duration::from_millis(ms),
+                    _ => self.env_errors.push((
+                        name,
+                        Error::config(format!(
+                            "{text:?} is not a whole, positive number of milliseconds"
+                        )),
+                    )),
+                }
+                break;
+            }
+        }
+        let boolean = |name: &'static str, errors: &mut Vec<(&'static str, Error)>| {
+            let text = set(name)?;
+            match text.trim().to_ascii_lowercase().as_str() {
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => {
+                    errors.push((
+                        name,
+                        Error::config(format!("{text:?} is not true or false")),
+                    ));
+                    None
+                }
+            }
+        };
+        if let Some(v) = boolean(
+            env::OTEL_EXPORTER_OTLP_TRACES_INSECURE,
+            &mut self.env_errors,
+        )
+        .or_else(|| boolean(env::OTEL_EXPORTER_OTLP_INSECURE, &mut self.env_errors))
+        {
+            self.insecure = v;
+        }
+        if let Some(v) = boolean(env::OTEL_SDK_DISABLED, &mut self.env_errors) {
+            self.disabled = v;
+        }
+        for name in [
+            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+        ] {
+            if let Some(text) = set(name) {
+                if !text.trim().eq_ignore_ascii_case("none") {
+                    self.env_errors.push((
+                        name,
+                        Error::config(format!(
+                            "compression {text:?} is not built into lens-otlp yet: unset it or set none"
+                        )),
+                    ));
+                }
+                break;
+            }
+        }
+        for name in env::TLS_VARIABLES {
+            if set(name).is_some() {
+                self.env_errors.push((
+                    name,
+                    Error::config(
+                        "TLS is not built into lens-otlp yet, so this file cannot be used: \
+                         send to a collector over http:// that forwards over TLS",
+                    ),
+                ));
+            }
+        }
     }
 
     /// The protocol (`grpc` or `http/protobuf`); variable
@@ -127,11 +213,42 @@ impl OtlpBuilder {
     }
 
     /// The bound on one export attempt and, unless [`OtlpBuilder::shutdown_timeout`] is
-    /// set, on the guard's shutdown; variable `LENS_OTLP_TIMEOUT` (seconds, default 10).
+    /// set, on the guard's shutdown; variables `LENS_OTLP_TIMEOUT` (seconds), else
+    /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds,
+    /// as the specification says); default 10 s.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.env_errors
-            .retain(|(v, _)| *v != env::LENS_OTLP_TIMEOUT);
+        self.env_errors.retain(|(v, _)| {
+            ![
+                env::LENS_OTLP_TIMEOUT,
+                env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+                env::OTEL_EXPORTER_OTLP_TIMEOUT,
+            ]
+            .contains(v)
+        });
         self.timeout = timeout;
+        self
+    }
+
+    /// Whether a gRPC endpoint without a scheme is plain `http://`; variables
+    /// `OTEL_EXPORTER_OTLP_TRACES_INSECURE`, else `OTEL_EXPORTER_OTLP_INSECURE`.
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.env_errors.retain(|(v, _)| {
+            ![
+                env::OTEL_EXPORTER_OTLP_TRACES_INSECURE,
+                env::OTEL_EXPORTER_OTLP_INSECURE,
+            ]
+            .contains(v)
+        });
+        self.insecure = insecure;
+        self
+    }
+
+    /// No export at all, and a provider that records nothing (spans are non-recording;
+    /// broadcasts and links still work); variable `OTEL_SDK_DISABLED`.
+    pub fn disabled(mut self, disabled: bool) -> Self {
+        self.env_errors
+            .retain(|(v, _)| *v != env::OTEL_SDK_DISABLED);
+        self.disabled = disabled;
         self
     }
 
@@ -189,7 +306,7 @@ impl OtlpBuilder {
         };
         let timeout = lens_core::check_timeout("OTLP export timeout", self.timeout)?;
         let shutdown_timeout = self.shutdown_timeout.unwrap_or(timeout);
-        let exporting = self.export_ranks.selects(&self.info)?;
+        let exporting = !self.disabled && self.export_ranks.selects(&self.info)?;
 
         let mut resource = Resource::builder()
             .with_attributes(self.info.attributes())
@@ -198,6 +315,11 @@ impl OtlpBuilder {
             resource = resource.with_service_name(name);
         }
         let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
+        if self.disabled {
+            // The specification's disabled SDK: nothing recorded, nothing exported. Spans
+            // still carry a context, so broadcasts and links work.
+            provider = provider.with_sampler(Sampler::AlwaysOff);
+        }
         for add in self.also.0 {
             provider = add(provider);
         }
@@ -205,7 +327,7 @@ impl OtlpBuilder {
         let mut runtime = None;
         let mut target = None;
         if exporting {
-            let url = url_for(self.endpoint.as_ref(), protocol)?;
+            let url = url_for(self.endpoint.as_ref(), protocol, self.insecure)?;
             let exporter = match protocol {
                 Protocol::Grpc => {
                     // tonic's channel runs on tokio: the guard owns a one-thread runtime for it,

@@ -17,12 +17,12 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    /// Parses an `OTEL_EXPORTER_OTLP_PROTOCOL` value: `grpc` or `http/protobuf`.
+    /// Parses an `OTEL_EXPORTER_OTLP_PROTOCOL` value: `grpc` or `http/protobuf`, in any case.
     ///
     /// # Errors
     /// [`Error::Config`] for anything else; `http/json` is named as unsupported.
     pub fn parse(text: &str) -> Result<Self> {
-        match text.trim() {
+        match text.trim().to_ascii_lowercase().as_str() {
             "grpc" => Ok(Protocol::Grpc),
             "http/protobuf" => Ok(Protocol::HttpProtobuf),
             "http/json" => Err(Error::config(
@@ -92,9 +92,14 @@ pub(crate) fn endpoint_from_vars(lookup: &dyn Fn(&str) -> Option<String>) -> Opt
         .or_else(|| set(env::OTEL_EXPORTER_OTLP_ENDPOINT).map(Endpoint::Base))
 }
 
-/// The URL the exporter is given: gRPC takes the base; HTTP takes the full traces URL.
-pub(crate) fn url_for(endpoint: Option<&Endpoint>, protocol: Protocol) -> Result<String> {
-    let url = match (endpoint, protocol) {
+/// The URL the exporter is given: gRPC takes the base; HTTP takes the full traces URL. A
+/// gRPC endpoint without a scheme is `http://` when `insecure` (the OTLP variable) says so.
+pub(crate) fn url_for(
+    endpoint: Option<&Endpoint>,
+    protocol: Protocol,
+    insecure: bool,
+) -> Result<String> {
+    let mut url = match (endpoint, protocol) {
         (Some(Endpoint::Traces(url)), _) => url.trim().to_owned(),
         (Some(Endpoint::Base(url)), Protocol::Grpc) => url.trim().to_owned(),
         (Some(Endpoint::Base(url)), Protocol::HttpProtobuf) => {
@@ -103,9 +108,26 @@ pub(crate) fn url_for(endpoint: Option<&Endpoint>, protocol: Protocol) -> Result
         (None, Protocol::Grpc) => Protocol::Grpc.default_endpoint().to_owned(),
         (None, Protocol::HttpProtobuf) => format!("{}/v1/traces", protocol.default_endpoint()),
     };
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
+    let schemeless = !url.contains("://");
+    if protocol == Protocol::Grpc && schemeless && !url.is_empty() {
+        if !insecure {
+            return Err(Error::config(format!(
+                "OTLP endpoint {url:?} has no scheme: a gRPC endpoint without one means TLS, which \
+                 lens-otlp does not include yet; set {}=true for plain gRPC, or write http://",
+                env::OTEL_EXPORTER_OTLP_INSECURE
+            )));
+        }
+        url = format!("http://{url}");
+    }
+    if url.starts_with("https://") {
         return Err(Error::config(format!(
-            "OTLP endpoint {url:?} is not an http:// or https:// URL"
+            "OTLP endpoint {url:?} needs TLS, which lens-otlp does not include yet: \
+             send to a collector over http:// (one beside the job, say) that forwards over TLS"
+        )));
+    }
+    if !url.starts_with("http://") {
+        return Err(Error::config(format!(
+            "OTLP endpoint {url:?} is not an http:// URL"
         )));
     }
     Ok(url)
@@ -118,46 +140,81 @@ mod tests {
     #[test]
     fn endpoint_table() {
         use Endpoint::{Base, Traces};
-        let rows: &[(Option<Endpoint>, Protocol, Result<&str, ()>, &str)] = &[
+        // (endpoint, protocol, insecure, the URL or an error, why)
+        let rows: &[(Option<Endpoint>, Protocol, bool, Result<&str, ()>, &str)] = &[
             (
                 None,
                 Protocol::Grpc,
+                false,
                 Ok("http://localhost:4317"),
                 "gRPC default",
             ),
             (
                 None,
                 Protocol::HttpProtobuf,
+                false,
                 Ok("http://localhost:4318/v1/traces"),
                 "HTTP default",
             ),
             (
                 Some(Base("http://h:4318/".into())),
                 Protocol::HttpProtobuf,
+                false,
                 Ok("http://h:4318/v1/traces"),
                 "HTTP adds the path once",
             ),
             (
                 Some(Base("http://h:4317".into())),
                 Protocol::Grpc,
+                false,
                 Ok("http://h:4317"),
                 "gRPC keeps the base",
             ),
             (
                 Some(Traces("http://h:9/x".into())),
                 Protocol::HttpProtobuf,
+                false,
                 Ok("http://h:9/x"),
                 "a traces URL is used as given",
             ),
             (
                 Some(Base("h:4317".into())),
                 Protocol::Grpc,
+                false,
                 Err(()),
-                "no scheme",
+                "no scheme means TLS, which is not built in",
+            ),
+            (
+                Some(Base("h:4317".into())),
+                Protocol::Grpc,
+                true,
+                Ok("http://h:4317"),
+                "no scheme and insecure: plain gRPC",
+            ),
+            (
+                Some(Base("h:4318".into())),
+                Protocol::HttpProtobuf,
+                true,
+                Err(()),
+                "HTTP always needs a scheme",
+            ),
+            (
+                Some(Base("https://h:4317".into())),
+                Protocol::Grpc,
+                false,
+                Err(()),
+                "https needs TLS (gRPC)",
+            ),
+            (
+                Some(Traces("https://h:4318/v1/traces".into())),
+                Protocol::HttpProtobuf,
+                true,
+                Err(()),
+                "https needs TLS (HTTP), insecure or not",
             ),
         ];
-        for (endpoint, protocol, want, why) in rows {
-            let got = url_for(endpoint.as_ref(), *protocol).map_err(|_| ());
+        for (endpoint, protocol, insecure, want, why) in rows {
+            let got = url_for(endpoint.as_ref(), *protocol, *insecure).map_err(|_| ());
             assert_eq!(got.as_deref(), want.as_deref().map_err(|_| &()), "{why}");
         }
     }
@@ -203,6 +260,18 @@ mod tests {
                 &[(env::OTEL_EXPORTER_OTLP_PROTOCOL, "udp")],
                 Err(()),
                 "unknown",
+            ),
+            (
+                None,
+                &[(env::OTEL_EXPORTER_OTLP_PROTOCOL, "GRPC")],
+                Ok(Protocol::Grpc),
+                "any case, as opentelemetry-otlp reads it",
+            ),
+            (
+                None,
+                &[(env::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, " HTTP/Protobuf ")],
+                Ok(Protocol::HttpProtobuf),
+                "any case, trimmed",
             ),
         ];
         for (code, vars, want, why) in rows {

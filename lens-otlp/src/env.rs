@@ -1,5 +1,6 @@
 //! The environment variables lens-otlp reads. The `OTEL_*` ones are OpenTelemetry's own, with
-//! the meaning the OTel specification gives them.
+//! the meaning the OTel specification gives them; one that lens cannot honour (TLS settings,
+//! compression) is an error naming it, never ignored. The README's table lists them all.
 
 /// `grpc` or `http/protobuf` (the default): how spans are sent. `http/json` is refused.
 pub const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
@@ -15,5 +16,34 @@ pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 /// Which ranks export: `all` (the default), `first-per-node`, `ranks:0,4,8` or
 /// `fraction:0.25` (see [`crate::ExportRanks`]).
 pub const LENS_OTLP_EXPORT_RANKS: &str = "LENS_OTLP_EXPORT_RANKS";
-/// Seconds one export may take, and the bound on the guard's shutdown (default 10).
+/// Seconds one export may take, and the bound on the guard's shutdown (default 10). When
+/// set, it wins over [`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`] and
+/// [`OTEL_EXPORTER_OTLP_TIMEOUT`].
 pub const LENS_OTLP_TIMEOUT: &str = "LENS_OTLP_TIMEOUT";
+/// Milliseconds one export may take (the specification's unit).
+pub const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+/// As [`OTEL_EXPORTER_OTLP_TIMEOUT`], for traces only; wins over it.
+pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+/// `none` only: compression is not built into lens-otlp yet (`gzip` is an error naming this
+/// variable).
+pub const OTEL_EXPORTER_OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
+/// As [`OTEL_EXPORTER_OTLP_COMPRESSION`], for traces only.
+pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
+/// `true`: a gRPC endpoint without a scheme is plain `http://`. TLS is not built into
+/// lens-otlp yet, so without it such an endpoint is an error.
+pub const OTEL_EXPORTER_OTLP_INSECURE: &str = "OTEL_EXPORTER_OTLP_INSECURE";
+/// As [`OTEL_EXPORTER_OTLP_INSECURE`], for traces only.
+pub const OTEL_EXPORTER_OTLP_TRACES_INSECURE: &str = "OTEL_EXPORTER_OTLP_TRACES_INSECURE";
+/// `true` (any case): no span is exported and the provider records nothing, while
+/// broadcasts and links still work.
+pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+/// TLS settings lens-otlp cannot honour yet (no TLS is built in): any of them set is an
+/// error naming it.
+pub const TLS_VARIABLES: [&str; 6] = [
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+];

@@ -272,8 +272,43 @@ fn a_bad_variable_is_an_error_naming_it_unless_code_overrides_it() {
             "collector:4318",
             "collector:4318",
         ),
+        (
+            env::OTEL_EXPORTER_OTLP_TIMEOUT,
+            "10s",
+            env::OTEL_EXPORTER_OTLP_TIMEOUT,
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+            "0",
+            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+            "gzip",
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+            "zstd",
+            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_INSECURE,
+            "maybe",
+            env::OTEL_EXPORTER_OTLP_INSECURE,
+        ),
+        (env::OTEL_SDK_DISABLED, "yes", env::OTEL_SDK_DISABLED),
+        (
+            env::OTEL_EXPORTER_OTLP_ENDPOINT,
+            "https://collector:4318",
+            "TLS",
+        ),
     ];
-    for (var, value, named) in rows {
+    let mut rows = rows.to_vec();
+    for tls in env::TLS_VARIABLES {
+        rows.push((tls, "/etc/ssl/ca.pem", tls));
+    }
+    for (var, value, named) in &rows {
         let lookup = |k: &str| (k == *var).then(|| value.to_string());
         let err = OtlpBuilder::from_vars(RankInfo::single(), lookup)
             .build()
@@ -469,4 +504,89 @@ fn no_endpoint_panics_in_sync_or_async_callers() {
                 .block_on(async { attempt(endpoint, protocol) });
         }
     }
+}
+
+/// The specification's timeout is in milliseconds, and the traces variable wins over the
+/// generic one: against a receiver that answers after 3 s, a 300 ms timeout bounds the
+/// export and the guard's shutdown (the default of 10 s would wait for the answer).
+#[test]
+fn the_specification_timeout_is_milliseconds_and_honoured() {
+    let receiver = Receiver::start().expect("receiver");
+    receiver.set_delay(Duration::from_secs(3));
+    let rows: [(&str, &[(&str, &str)]); 2] = [
+        ("generic", &[(env::OTEL_EXPORTER_OTLP_TIMEOUT, "300")]),
+        (
+            "the traces variable wins",
+            &[
+                (env::OTEL_EXPORTER_OTLP_TIMEOUT, "60000"),
+                (env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, "300"),
+            ],
+        ),
+    ];
+    for (why, vars) in rows {
+        let endpoint = receiver.grpc_endpoint();
+        let lookup = |k: &str| {
+            if k == env::OTEL_EXPORTER_OTLP_PROTOCOL {
+                return Some("grpc".to_owned());
+            }
+            if k == env::OTEL_EXPORTER_OTLP_ENDPOINT {
+                return Some(endpoint.clone());
+            }
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let guard = OtlpBuilder::from_vars(RankInfo::single(), lookup)
+            .build()
+            .expect("guard");
+        guard.tracer("t").start("slow to arrive").end();
+        let t = Instant::now();
+        let err = guard
+            .shutdown()
+            .expect_err("the receiver answered too late");
+        assert!(
+            t.elapsed() < Duration::from_millis(2000),
+            "{why}: shutdown took {:?}",
+            t.elapsed()
+        );
+        assert!(
+            matches!(err, lens_core::Error::Export { lost: 1, .. }),
+            "{why}: {err}"
+        );
+    }
+}
+
+/// `OTEL_SDK_DISABLED=true` (any case): nothing is recorded or exported, while the spans
+/// still carry a context, so a broadcast of it and links still work.
+#[test]
+fn a_disabled_sdk_exports_nothing_and_contexts_still_travel() {
+    let receiver = Receiver::start().expect("receiver");
+    let endpoint = receiver.http_endpoint();
+    let lookup = |k: &str| match k {
+        env::OTEL_SDK_DISABLED => Some("TRUE".to_owned()),
+        env::OTEL_EXPORTER_OTLP_ENDPOINT => Some(endpoint.clone()),
+        _ => None,
+    };
+    let guard = OtlpBuilder::from_vars(RankInfo::single(), lookup)
+        .build()
+        .expect("guard");
+    assert!(!guard.exporting());
+    let span = guard.tracer("t").start("step");
+    assert!(!span.is_recording());
+    let cx = Context::new().with_span(span);
+    let carrier = lens_core::Carrier::from_context(&cx);
+    assert!(
+        carrier.span_context().is_some(),
+        "the context still travels"
+    );
+    cx.span().end();
+    guard.shutdown().expect("nothing to lose");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(receiver.requests(), 0, "nothing was sent");
+    // Code overrides the variable.
+    let guard = OtlpBuilder::from_vars(RankInfo::single(), lookup)
+        .disabled(false)
+        .build()
+        .expect("guard");
+    assert!(guard.exporting());
 }
