@@ -47,6 +47,9 @@ use lens_core::link::{DEFAULT_LINK_LIMIT, attributes, links_for, parent_context}
 use lens_core::{Broadcaster, Carrier, Error, Parent, Remote, Result, broadcast_context};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::{Context, KeyValue};
+/// The `tracing-opentelemetry` lens is built with, so that the layer a program installs
+/// pairs with lens's OpenTelemetry version.
+pub use tracing_opentelemetry;
 use tracing_opentelemetry::{OpenTelemetrySpanExt as _, SetParentError};
 
 /// The OpenTelemetry context of `span` (reading it starts the span's OTel side).

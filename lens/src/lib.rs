@@ -62,6 +62,15 @@
 
 pub use lens_core::*;
 
+/// The OpenTelemetry API lens is built with: name it through lens to get the same version.
+pub use opentelemetry;
+/// The OpenTelemetry SDK lens is built with (moves with [`opentelemetry`]).
+pub use opentelemetry_sdk;
+
+/// The `tracing-opentelemetry` that pairs with lens's OpenTelemetry (feature `tracing`).
+#[cfg(feature = "tracing")]
+pub use lens_tracing::tracing_opentelemetry;
+
 /// The test kit: in-process cluster, span capture, faults, conformance suite.
 #[cfg(feature = "testkit")]
 pub use lens_testkit as testkit;
