@@ -1,8 +1,9 @@
 //! **lens** for code instrumented with the [`tracing`] crate (through
 //! [`tracing-opentelemetry`](tracing_opentelemetry)).
 //!
-//! - [`broadcast_current`]: broadcast the OpenTelemetry context of the current `tracing`
-//!   span from one rank to every rank.
+//! - [`broadcast_current`] (and [`broadcast_current_blocking`] for code without an async
+//!   runtime): broadcast the OpenTelemetry context of a `tracing` span from one rank to
+//!   every rank.
 //! - [`linked`]: give a freshly created `tracing` span its links to other ranks' spans and,
 //!   if asked, a remote parent, **before** its OpenTelemetry span is built, so samplers see
 //!   them. (With `tracing-opentelemetry`, `set_parent` on a span that was already entered
@@ -75,6 +76,24 @@ pub async fn broadcast_current(
         Context::new()
     };
     broadcast_context(b, root, &cx).await
+}
+
+/// [`broadcast_current`] for code without an async runtime (a training loop): the same
+/// collective, run on this thread (with no future where the backend can).
+///
+/// # Errors
+/// As [`lens_core::blocking::broadcast_context`].
+pub fn broadcast_current_blocking(
+    b: &dyn Broadcaster,
+    root: usize,
+    span: &tracing::Span,
+) -> Result<Option<Carrier>> {
+    let cx = if b.rank() == root {
+        span.context()
+    } else {
+        Context::new()
+    };
+    lens_core::blocking::broadcast_context(b, root, &cx)
 }
 
 /// Starts linking `span` (created just now, not yet entered) to `remote`; finish with

@@ -7,7 +7,8 @@ use lens_core::link::attributes::{LINK_SOURCE_RANK, LINKS_DROPPED};
 use lens_core::{Parent, Remote};
 use lens_testkit::Cluster;
 use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState, TracerProvider as _,
+    Link, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::{
@@ -248,4 +249,51 @@ fn fan_in_through_tracing_counts_what_the_limit_dropped() {
         .iter()
         .find(|kv| kv.key.as_str() == LINKS_DROPPED);
     assert_eq!(dropped.map(|kv| kv.value.clone()), Some(Value::I64(6)));
+}
+
+/// The blocking twin, in a loop with no async runtime: every rank receives the source's
+/// span context, and a stage linked to it joins the source's trace.
+#[test]
+fn broadcast_current_blocking_carries_the_source_span_to_every_rank() {
+    let ranks = lens_testkit::LocalCluster::new(3).broadcasters();
+    let got = lens_testkit::on_each_rank(&ranks, |b| {
+        let rank = lens_core::Broadcaster::rank(b);
+        let (result, captured, _) = with_subscriber(|| {
+            let step = if rank == 0 {
+                info_span!("train_step")
+            } else {
+                tracing::Span::none()
+            };
+            let remote = lens_tracing::broadcast_current_blocking(b, 0, &step)
+                .expect("broadcast")
+                .expect("the source has a span");
+            let sent = lens_tracing::context_of(&step);
+            if rank > 0 {
+                let stage = lens_tracing::linked(info_span!("stage"), &remote)
+                    .parent(Parent::Remote)
+                    .start()
+                    .expect("linked");
+                stage.in_scope(|| {});
+            }
+            drop(step);
+            (remote, sent)
+        });
+        let spans = captured.exporter.get_finished_spans().expect("spans");
+        (rank, result, spans)
+    });
+    let source = got[0].1.1.span().span_context().clone();
+    assert!(source.is_valid());
+    for (rank, (remote, _), spans) in &got {
+        let received = remote.span_context().expect("valid");
+        assert_eq!(received.trace_id(), source.trace_id(), "rank {rank}");
+        assert_eq!(received.span_id(), source.span_id(), "rank {rank}");
+        if *rank > 0 {
+            let stage = spans.iter().find(|s| s.name == "stage").expect("stage");
+            assert_eq!(
+                stage.span_context.trace_id(),
+                source.trace_id(),
+                "rank {rank}"
+            );
+        }
+    }
 }
