@@ -8,8 +8,8 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
-    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
-    SpanExporter as SdkSpanExporter, TracerProviderBuilder,
+    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator,
+    Sampler, SdkTracerProvider, SpanExporter as SdkSpanExporter, TracerProviderBuilder,
 };
 
 use crate::counted::{CountingExporter, CountingProcessor, Counts};
@@ -25,6 +25,34 @@ impl std::fmt::Debug for AlsoExport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} extra exporter(s)", self.0.len())
     }
+}
+
+/// The process's own resource attributes (semantic conventions): `host.name` (where the
+/// kernel says), `process.pid`, and a `service.instance.id` unique per rank and per run:
+/// the rank's (`<job id>/rank-<r>`) with `run-<16 hex digits>` chosen at random when the
+/// provider is built, before the rank (`job-7/run-3f9c…/rank-2`), so a requeued job's
+/// ranks are told apart from their earlier lives.
+fn process_attributes(info: &RankInfo) -> Vec<KeyValue> {
+    let run = RandomIdGenerator::default().new_span_id();
+    let rank = format!("rank-{}", info.rank);
+    let base = info.service_instance_id();
+    let job = base.strip_suffix(&rank).unwrap_or("");
+    let mut kvs = vec![
+        KeyValue::new("process.pid", i64::from(std::process::id())),
+        KeyValue::new(
+            lens_core::rank::resource_keys::SERVICE_INSTANCE_ID,
+            format!("{job}run-{run}/{rank}"),
+        ),
+    ];
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    if let Some(host) = host {
+        kvs.push(KeyValue::new("host.name", host));
+    }
+    kvs
 }
 
 /// Default bound on one export and on the guard's shutdown.
@@ -310,6 +338,7 @@ impl OtlpBuilder {
 
         let mut resource = Resource::builder()
             .with_attributes(self.info.attributes())
+            .with_attributes(process_attributes(&self.info))
             .with_attributes(self.resource);
         if let Some(name) = self.service_name {
             resource = resource.with_service_name(name);

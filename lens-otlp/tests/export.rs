@@ -89,10 +89,19 @@ fn check_arrived(spans: &[ReceivedSpan], exporting: &BTreeSet<usize>, world: usi
             Some("job-7"),
             "rank {r}'s job id"
         );
+        let instance = s.resource_str("service.instance.id").unwrap_or_default();
+        assert!(
+            instance.starts_with("job-7/run-") && instance.ends_with(&format!("/rank-{r}")),
+            "rank {r}'s instance id: {instance}"
+        );
         assert_eq!(
-            s.resource_str("service.instance.id"),
-            Some(format!("job-7/rank-{r}")),
-            "rank {r}'s instance id"
+            s.resource_int("process.pid"),
+            Some(i64::from(std::process::id())),
+            "rank {r}'s process"
+        );
+        assert!(
+            s.resource_str("host.name").is_some_and(|h| !h.is_empty()),
+            "rank {r}'s host"
         );
         assert_eq!(
             s.resource_str("service.name").as_deref(),
@@ -589,4 +598,33 @@ fn a_disabled_sdk_exports_nothing_and_contexts_still_travel() {
         .build()
         .expect("guard");
     assert!(guard.exporting());
+}
+
+/// `service.instance.id` is unique per rank and per run: two providers for the same rank
+/// of the same job (a requeued job, say) get different ones, with the rank and job in both.
+#[test]
+fn the_instance_id_is_new_on_every_run() {
+    let receiver = Receiver::start().expect("receiver");
+    let info = RankInfo::new(3, 4).expect("rank").with_job_id("job-9");
+    for _ in 0..2 {
+        let guard = OtlpBuilder::new(info.clone())
+            .endpoint(receiver.http_endpoint())
+            .build()
+            .expect("guard");
+        guard.tracer("t").start("a run").end();
+        guard.shutdown().expect("exported");
+    }
+    let ids: Vec<String> = receiver
+        .wait_for(2, Duration::from_secs(10))
+        .iter()
+        .map(|s| s.resource_str("service.instance.id").unwrap_or_default())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    for id in &ids {
+        assert!(
+            id.starts_with("job-9/run-") && id.ends_with("/rank-3"),
+            "{id}"
+        );
+    }
+    assert_ne!(ids[0], ids[1], "a new run id each time");
 }
