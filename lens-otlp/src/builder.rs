@@ -232,6 +232,13 @@ impl OtlpBuilder {
         self
     }
 
+    /// The full URL for traces, used as given (`http://collector:4318/v1/traces`; for gRPC
+    /// the same as [`OtlpBuilder::endpoint`]); variable `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`.
+    pub fn traces_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(Endpoint::Traces(url.into()));
+        self
+    }
+
     /// Which ranks export; variable `LENS_OTLP_EXPORT_RANKS`.
     pub fn export_ranks(mut self, ranks: ExportRanks) -> Self {
         self.env_errors

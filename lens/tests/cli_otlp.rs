@@ -46,6 +46,29 @@ fn local_demo_exports_every_rank_over_grpc_and_http() {
     }
 }
 
+/// A full traces URL given to --otlp is used as given (HTTP used to add /v1/traces to it a
+/// second time, and every span was lost).
+#[test]
+fn a_full_traces_url_is_used_as_given() {
+    let receiver = Receiver::start().expect("receiver");
+    let url = format!("{}/v1/traces", receiver.http_endpoint());
+    let run = lens(
+        &[
+            "demo", "--ranks", "2", "--steps", "2", "--quiet", "--otlp", &url,
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("otlp: sent 4 span(s) from 2 of 2 rank(s)"),
+        "{}",
+        run.stdout
+    );
+    check_demo_spans(&receiver, 2, 2, Via::Http);
+}
+
 #[test]
 fn the_standard_variables_choose_the_receiver_when_no_endpoint_is_given() {
     let receiver = Receiver::start().expect("receiver");

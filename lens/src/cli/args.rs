@@ -106,8 +106,9 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     pub(crate) device: Option<u32>,
     /// Also export every rank's spans over OTLP: to ENDPOINT, a receiver's base URL such as
-    /// http://localhost:4318 (HTTP) or http://localhost:4317 (gRPC), or, with no ENDPOINT,
-    /// where OTEL_EXPORTER_OTLP_ENDPOINT says. Each rank's resource names its rank.
+    /// http://localhost:4318 (HTTP adds /v1/traces) or http://localhost:4317 (gRPC), or a
+    /// full URL ending in /v1/traces (used as given), or, with no ENDPOINT, where
+    /// OTEL_EXPORTER_OTLP_ENDPOINT says. Each rank's resource names its rank.
     #[arg(long, value_name = "ENDPOINT", num_args = 0..=1, default_missing_value = "")]
     pub(crate) otlp: Option<String>,
     /// The OTLP protocol with --otlp: grpc or http/protobuf (default

@@ -60,7 +60,13 @@ impl OtlpChoice {
             b = b.service_name(SERVICE);
         }
         if let Some(e) = &self.endpoint {
-            b = b.endpoint(e.clone());
+            // A URL that already names the traces path is a full URL, not a base to which
+            // HTTP would add /v1/traces a second time.
+            b = if e.trim_end_matches('/').ends_with("/v1/traces") {
+                b.traces_endpoint(e.clone())
+            } else {
+                b.endpoint(e.clone())
+            };
         }
         if let Some(p) = self.protocol {
             b = b.protocol(p);
