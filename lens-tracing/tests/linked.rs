@@ -297,3 +297,38 @@ fn broadcast_current_blocking_carries_the_source_span_to_every_rank() {
         }
     }
 }
+
+/// The function that does a stage's work, instrumented as usual; its span's tracing parent
+/// is the linked stage span the caller made, so it lands in the job's trace.
+#[tracing::instrument(parent = stage, skip_all)]
+fn forward_pass(stage: &tracing::Span, layers: usize) -> usize {
+    layers * 2
+}
+
+/// `#[instrument]` opens its span on entry, before lens could set its remote parent, so
+/// on its own it starts a trace of the rank's own. The pattern: receive the remote first,
+/// make the stage span with `linked(..).parent(Parent::Remote)`, and give it to the
+/// instrumented function as its `parent`. The function's span is then in the source's
+/// trace, a child of the stage.
+#[test]
+fn an_instrumented_function_joins_the_job_trace_through_its_parent() {
+    let ((), captured, _) = with_subscriber(|| {
+        let stage = lens_tracing::linked(info_span!("pp.recv_forward"), remote(5))
+            .parent(Parent::Remote)
+            .start()
+            .expect("linked");
+        assert_eq!(forward_pass(&stage, 3), 6);
+        drop(stage);
+    });
+    let spans = captured.exporter.get_finished_spans().expect("spans");
+    let stage = spans
+        .iter()
+        .find(|s| s.name == "pp.recv_forward")
+        .expect("stage");
+    let work = spans
+        .iter()
+        .find(|s| s.name == "forward_pass")
+        .expect("the instrumented function's span");
+    assert_eq!(work.span_context.trace_id(), TraceId::from(105u128));
+    assert_eq!(work.parent_span_id, stage.span_context.span_id());
+}
