@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use lens_core::{Error, RankInfo, Result, parse_timeout_secs};
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{
+    Compression, SpanExporter, WithExportConfig, WithHttpConfig as _, WithTonicConfig as _,
+};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
     BatchConfig, BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator,
@@ -79,6 +81,8 @@ pub struct OtlpBuilder {
     insecure: bool,
     /// No export and no recording (`OTEL_SDK_DISABLED`).
     disabled: bool,
+    /// Export requests are gzip-compressed (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+    gzip: bool,
     /// A variable that did not parse, or that lens cannot honour; reported by `build`
     /// unless code set the field.
     env_errors: Vec<(&'static str, Error)>,
@@ -103,18 +107,19 @@ impl OtlpBuilder {
             also: AlsoExport(Vec::new()),
             insecure: false,
             disabled: false,
+            gzip: false,
             env_errors: Vec::new(),
             lookup_protocol: Some(Ok(Protocol::default())),
         }
     }
 
     /// A builder that reads the standard variables of [`crate::env`]: the protocol,
-    /// endpoint, timeout and `INSECURE` (`OTEL_EXPORTER_OTLP_*`, the traces variable first),
-    /// `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, which ranks export
+    /// endpoint, timeout, compression and `INSECURE` (`OTEL_EXPORTER_OTLP_*`, the traces
+    /// variable first), `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, which ranks export
     /// (`LENS_OTLP_EXPORT_RANKS`) and `LENS_OTLP_TIMEOUT`. The batch processor reads
-    /// `OTEL_BSP_*`. A value that does not parse, or that lens cannot honour (compression,
-    /// the TLS files), is reported by [`OtlpBuilder::build`] naming the variable, unless
-    /// code sets that field.
+    /// `OTEL_BSP_*`. A value that does not parse, or that lens cannot honour (the TLS
+    /// files), is reported by [`OtlpBuilder::build`] naming the variable, unless code sets
+    /// that field.
     pub fn from_env(info: RankInfo) -> Self {
         Self::from_vars(info, |k| std::env::var(k).ok())
     }
@@ -143,7 +148,7 @@ impl OtlpBuilder {
 
     /// The specification's variables beyond protocol and endpoint: the timeout (the traces
     /// variable, then the generic one), `INSECURE`, `OTEL_SDK_DISABLED`, and the ones lens
-    /// cannot honour yet (compression, TLS files), each an error naming it.
+    /// cannot honour yet (the TLS files), each an error naming it; compression (`gzip`).
     fn read_otlp_variables(&mut self, lookup: &dyn Fn(&str) -> Option<String>) {
         let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         for name in [
@@ -193,13 +198,15 @@ impl OtlpBuilder {
             env::OTEL_EXPORTER_OTLP_COMPRESSION,
         ] {
             if let Some(text) = set(name) {
-                if !text.trim().eq_ignore_ascii_case("none") {
-                    self.env_errors.push((
+                match text.trim().to_ascii_lowercase().as_str() {
+                    "gzip" => self.gzip = true,
+                    "none" => self.gzip = false,
+                    _ => self.env_errors.push((
                         name,
                         Error::config(format!(
-                            "compression {text:?} is not built into lens-otlp yet: unset it or set none"
+                            "compression {text:?} is not one lens-otlp has: gzip or none"
                         )),
-                    ));
+                    )),
                 }
                 break;
             }
@@ -284,6 +291,21 @@ impl OtlpBuilder {
         self.env_errors
             .retain(|(v, _)| *v != env::OTEL_SDK_DISABLED);
         self.disabled = disabled;
+        self
+    }
+
+    /// Whether export requests are gzip-compressed; variables
+    /// `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION`
+    /// (`gzip` or `none`, the default).
+    pub fn gzip(mut self, gzip: bool) -> Self {
+        self.env_errors.retain(|(v, _)| {
+            ![
+                env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+                env::OTEL_EXPORTER_OTLP_COMPRESSION,
+            ]
+            .contains(v)
+        });
+        self.gzip = gzip;
         self
     }
 
@@ -378,11 +400,15 @@ impl OtlpBuilder {
                         })?;
                     let built = {
                         let _enter = rt.enter();
-                        SpanExporter::builder()
+                        let b = SpanExporter::builder()
                             .with_tonic()
                             .with_endpoint(url.clone())
-                            .with_timeout(timeout)
-                            .build()
+                            .with_timeout(timeout);
+                        if self.gzip {
+                            b.with_compression(Compression::Gzip).build()
+                        } else {
+                            b.build()
+                        }
                     };
                     if built.is_ok() {
                         runtime = Some(rt);
@@ -393,12 +419,18 @@ impl OtlpBuilder {
                     }
                     built
                 }
-                Protocol::HttpProtobuf => SpanExporter::builder()
-                    .with_http()
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(url.clone())
-                    .with_timeout(timeout)
-                    .build(),
+                Protocol::HttpProtobuf => {
+                    let b = SpanExporter::builder()
+                        .with_http()
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                        .with_endpoint(url.clone())
+                        .with_timeout(timeout);
+                    if self.gzip {
+                        b.with_compression(Compression::Gzip).build()
+                    } else {
+                        b.build()
+                    }
+                }
             }
             .map_err(|e| {
                 Error::transport("otlp", format!("cannot build the exporter for {url}"), e)

@@ -24,8 +24,8 @@ pub const LENS_OTLP_TIMEOUT: &str = "LENS_OTLP_TIMEOUT";
 pub const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
 /// As [`OTEL_EXPORTER_OTLP_TIMEOUT`], for traces only; wins over it.
 pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-/// `none` only: compression is not built into lens-otlp yet (`gzip` is an error naming this
-/// variable).
+/// `gzip` or `none` (the default): how export requests are compressed. Anything else is an
+/// error naming this variable.
 pub const OTEL_EXPORTER_OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
 /// As [`OTEL_EXPORTER_OTLP_COMPRESSION`], for traces only.
 pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";

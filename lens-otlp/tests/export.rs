@@ -293,7 +293,7 @@ fn a_bad_variable_is_an_error_naming_it_unless_code_overrides_it() {
         ),
         (
             env::OTEL_EXPORTER_OTLP_COMPRESSION,
-            "gzip",
+            "brotli",
             env::OTEL_EXPORTER_OTLP_COMPRESSION,
         ),
         (
@@ -627,4 +627,54 @@ fn the_instance_id_is_new_on_every_run() {
         );
     }
     assert_ne!(ids[0], ids[1], "a new run id each time");
+}
+
+/// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` compresses every export request, on both
+/// transports, as the receiver sees it; without it nothing is compressed.
+#[test]
+fn gzip_is_seen_at_the_receiver_on_both_transports() {
+    for (protocol, gzip) in [
+        ("grpc", true),
+        ("http/protobuf", true),
+        ("grpc", false),
+        ("http/protobuf", false),
+    ] {
+        let receiver = Receiver::start().expect("receiver");
+        let endpoint = if protocol == "grpc" {
+            receiver.grpc_endpoint()
+        } else {
+            receiver.http_endpoint()
+        };
+        let lookup = |k: &str| match k {
+            env::OTEL_EXPORTER_OTLP_PROTOCOL => Some(protocol.to_owned()),
+            env::OTEL_EXPORTER_OTLP_ENDPOINT => Some(endpoint.clone()),
+            env::OTEL_EXPORTER_OTLP_COMPRESSION => {
+                Some(if gzip { "GZIP" } else { "none" }.to_owned())
+            }
+            _ => None,
+        };
+        let guard = OtlpBuilder::from_vars(RankInfo::single(), lookup)
+            .build()
+            .expect("guard");
+        for _ in 0..10 {
+            guard.tracer("t").start("compressed or not").end();
+        }
+        guard.shutdown().expect("exported");
+        assert_eq!(
+            receiver.wait_for(10, Duration::from_secs(10)).len(),
+            10,
+            "{protocol}"
+        );
+        assert!(receiver.requests() > 0, "{protocol}");
+        assert_eq!(
+            receiver.compressed() == receiver.requests(),
+            gzip,
+            "{protocol} gzip={gzip}: {} of {} requests compressed",
+            receiver.compressed(),
+            receiver.requests()
+        );
+        if !gzip {
+            assert_eq!(receiver.compressed(), 0, "{protocol}");
+        }
+    }
 }

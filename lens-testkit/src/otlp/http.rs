@@ -114,6 +114,7 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
         let mut body = vec![0; length];
         reader.read_exact(&mut body)?;
         if gzip {
+            store.note_compressed();
             let mut plain = Vec::new();
             let inflated = flate2::read::GzDecoder::new(body.as_slice())
                 .take(MAX_BODY as u64)

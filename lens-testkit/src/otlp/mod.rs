@@ -36,11 +36,17 @@ struct Store {
     arrived: Condvar,
     requests: AtomicU64,
     refused: AtomicU64,
+    compressed: AtomicU64,
     refusing: AtomicBool,
     delay_ms: AtomicU64,
 }
 
 impl Store {
+    /// A request arrived gzip-compressed.
+    fn note_compressed(&self) {
+        self.compressed.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Waits as told, then takes the request (`true`) or refuses it (`false`).
     fn take(&self, via: Via, request: &[ResourceSpans]) -> bool {
         let delay = self.delay_ms.load(Ordering::Acquire);
@@ -71,6 +77,13 @@ impl TraceService for Grpc {
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let store = Arc::clone(&self.0);
+        if request
+            .metadata()
+            .get("grpc-encoding")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"))
+        {
+            store.note_compressed();
+        }
         let request = request.into_inner();
         // The delay sleeps a thread: keep it off the runtime's workers.
         let taken =
@@ -194,6 +207,11 @@ impl Receiver {
     /// Export requests received (taken or refused), over both protocols.
     pub fn requests(&self) -> u64 {
         self.store.requests.load(Ordering::Acquire)
+    }
+
+    /// Export requests that arrived gzip-compressed, over both protocols.
+    pub fn compressed(&self) -> u64 {
+        self.store.compressed.load(Ordering::Acquire)
     }
 
     /// Export requests refused.
