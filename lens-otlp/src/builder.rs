@@ -146,9 +146,10 @@ impl OtlpBuilder {
         b
     }
 
-    /// The specification's variables beyond protocol and endpoint: the timeout (the traces
-    /// variable, then the generic one), `INSECURE`, `OTEL_SDK_DISABLED`, and the ones lens
-    /// cannot honour yet (the TLS files), each an error naming it; compression (`gzip`).
+    /// The specification's variables beyond protocol and endpoint: the timeout and the
+    /// compression (the traces variable, then the generic one), `INSECURE`,
+    /// `OTEL_SDK_DISABLED`, and the ones lens cannot honour yet (the TLS files), each an
+    /// error naming it.
     fn read_otlp_variables(&mut self, lookup: &dyn Fn(&str) -> Option<String>) {
         let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         for name in [
