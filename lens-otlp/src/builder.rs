@@ -74,6 +74,7 @@ pub struct OtlpBuilder {
     timeout: Duration,
     shutdown_timeout: Option<Duration>,
     service_name: Option<String>,
+    service_version: Option<String>,
     batch: Option<BatchConfig>,
     resource: Vec<KeyValue>,
     also: AlsoExport,
@@ -102,6 +103,7 @@ impl OtlpBuilder {
             timeout: DEFAULT_TIMEOUT,
             shutdown_timeout: None,
             service_name: None,
+            service_version: None,
             batch: None,
             resource: Vec::new(),
             also: AlsoExport(Vec::new()),
@@ -322,6 +324,13 @@ impl OtlpBuilder {
         self
     }
 
+    /// `service.version` (the version of the program, say its release or git commit); also
+    /// from `OTEL_RESOURCE_ATTRIBUTES=service.version=…`, which code overrides.
+    pub fn service_version(mut self, version: impl Into<String>) -> Self {
+        self.service_version = Some(version.into());
+        self
+    }
+
     /// The batch processor's settings (queue size, delay, batch size); by default the
     /// SDK's, which read `OTEL_BSP_*`.
     pub fn batch_config(mut self, config: BatchConfig) -> Self {
@@ -372,6 +381,9 @@ impl OtlpBuilder {
             .with_attributes(self.resource);
         if let Some(name) = self.service_name {
             resource = resource.with_service_name(name);
+        }
+        if let Some(version) = self.service_version {
+            resource = resource.with_attribute(KeyValue::new("service.version", version));
         }
         let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
         if self.disabled {

@@ -629,6 +629,24 @@ fn the_instance_id_is_new_on_every_run() {
     assert_ne!(ids[0], ids[1], "a new run id each time");
 }
 
+/// `service.version` from code reaches the receiver with the rank's resource.
+#[test]
+fn the_service_version_is_in_the_resource() {
+    let receiver = Receiver::start().expect("receiver");
+    let guard = OtlpBuilder::new(RankInfo::single())
+        .endpoint(receiver.http_endpoint())
+        .service_version("1.4.2+abc123")
+        .build()
+        .expect("guard");
+    guard.tracer("t").start("versioned").end();
+    guard.shutdown().expect("exported");
+    let spans = receiver.wait_for(1, Duration::from_secs(10));
+    assert_eq!(
+        spans[0].resource_str("service.version").as_deref(),
+        Some("1.4.2+abc123")
+    );
+}
+
 /// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` compresses every export request, on both
 /// transports, as the receiver sees it; without it nothing is compressed.
 #[test]
