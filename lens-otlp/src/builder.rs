@@ -227,6 +227,11 @@ impl OtlpBuilder {
         }
     }
 
+    /// Code set the field these variables configure: their errors no longer count.
+    fn code_sets(&mut self, vars: &[&str]) {
+        self.env_errors.retain(|(v, _)| !vars.contains(v));
+    }
+
     /// The protocol (`grpc` or `http/protobuf`); variable
     /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then `OTEL_EXPORTER_OTLP_PROTOCOL`.
     pub fn protocol(mut self, protocol: Protocol) -> Self {
@@ -251,8 +256,7 @@ impl OtlpBuilder {
 
     /// Which ranks export; variable `LENS_OTLP_EXPORT_RANKS`.
     pub fn export_ranks(mut self, ranks: ExportRanks) -> Self {
-        self.env_errors
-            .retain(|(v, _)| *v != env::LENS_OTLP_EXPORT_RANKS);
+        self.code_sets(&[env::LENS_OTLP_EXPORT_RANKS]);
         self.export_ranks = ranks;
         self
     }
@@ -262,14 +266,11 @@ impl OtlpBuilder {
     /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds,
     /// as the specification says); default 10 s.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.env_errors.retain(|(v, _)| {
-            ![
-                env::LENS_OTLP_TIMEOUT,
-                env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-                env::OTEL_EXPORTER_OTLP_TIMEOUT,
-            ]
-            .contains(v)
-        });
+        self.code_sets(&[
+            env::LENS_OTLP_TIMEOUT,
+            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+            env::OTEL_EXPORTER_OTLP_TIMEOUT,
+        ]);
         self.timeout = timeout;
         self
     }
@@ -277,13 +278,10 @@ impl OtlpBuilder {
     /// Whether a gRPC endpoint without a scheme is plain `http://`; variables
     /// `OTEL_EXPORTER_OTLP_TRACES_INSECURE`, else `OTEL_EXPORTER_OTLP_INSECURE`.
     pub fn insecure(mut self, insecure: bool) -> Self {
-        self.env_errors.retain(|(v, _)| {
-            ![
-                env::OTEL_EXPORTER_OTLP_TRACES_INSECURE,
-                env::OTEL_EXPORTER_OTLP_INSECURE,
-            ]
-            .contains(v)
-        });
+        self.code_sets(&[
+            env::OTEL_EXPORTER_OTLP_TRACES_INSECURE,
+            env::OTEL_EXPORTER_OTLP_INSECURE,
+        ]);
         self.insecure = insecure;
         self
     }
@@ -291,8 +289,7 @@ impl OtlpBuilder {
     /// No export at all, and a provider that records nothing (spans are non-recording;
     /// broadcasts and links still work); variable `OTEL_SDK_DISABLED`.
     pub fn disabled(mut self, disabled: bool) -> Self {
-        self.env_errors
-            .retain(|(v, _)| *v != env::OTEL_SDK_DISABLED);
+        self.code_sets(&[env::OTEL_SDK_DISABLED]);
         self.disabled = disabled;
         self
     }
@@ -301,13 +298,10 @@ impl OtlpBuilder {
     /// `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION`
     /// (`gzip` or `none`, the default).
     pub fn gzip(mut self, gzip: bool) -> Self {
-        self.env_errors.retain(|(v, _)| {
-            ![
-                env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
-                env::OTEL_EXPORTER_OTLP_COMPRESSION,
-            ]
-            .contains(v)
-        });
+        self.code_sets(&[
+            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+        ]);
         self.gzip = gzip;
         self
     }

@@ -8,7 +8,7 @@ use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, Error, Result};
 
 use crate::addr::{is_loopback, resolve};
-use crate::budget::{Descriptors, unproven_cap};
+use crate::budget::{Descriptors, listen_queue, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
 use crate::frame::{Codec, HEADER, MAX_ENDPOINT, NONCE, TAG};
 use crate::group::Group;
@@ -24,8 +24,6 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const UNPROVEN_FRAMES: u32 = 16;
 /// Messages queued per connection and direction.
 const QUEUE: i32 = 64;
-/// The longest listening queue, however many ranks join at once (see `Limits::backlog`).
-const MAX_BACKLOG: usize = 128;
 /// Ranks of a tree that rank 0 may hold while they wait for their parent to join.
 const FORMING: usize = 32;
 
@@ -125,7 +123,7 @@ impl TcpBroadcaster {
             max_unproven,
             unproven_frames: UNPROVEN_FRAMES,
             hwm: QUEUE,
-            backlog: max_unproven.max(joiners.min(MAX_BACKLOG)),
+            backlog: listen_queue(max_unproven, joiners),
         };
         let mut net = Net::new(codec, limits);
         let addrs = resolve(&config.addr)?;

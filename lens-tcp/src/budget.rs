@@ -40,6 +40,17 @@ impl Descriptors {
     }
 }
 
+/// The longest listening queue, however many ranks join at once.
+pub(crate) const MAX_BACKLOG: usize = 128;
+
+/// The listening queue of a rank with cap `cap` on unproven connections that expects
+/// `joiners` ranks to join at once: as short as the cap (libzmq accepts the whole queue in
+/// a burst before lens can close anything), but no shorter than the joiners up to
+/// [`MAX_BACKLOG`] (a joiner that finds it full waits a second for its SYN to be retried).
+pub(crate) fn listen_queue(cap: usize, joiners: usize) -> usize {
+    cap.max(joiners.min(MAX_BACKLOG))
+}
+
 /// The soft limit from the text of `/proc/self/limits` (`unlimited` reads as `usize::MAX`).
 fn soft_nofile(limits: &str) -> Option<usize> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
@@ -150,6 +161,21 @@ mod tests {
         // Rank 0 of a tree keeps a connection per rank too: a tree is no way out for it.
         let err = unproven_cap(fds, 0, Tree::new(1000, Some(4)), 999).expect_err("too low");
         assert!(!err.to_string().contains("fan_out"), "{err}");
+    }
+
+    #[test]
+    fn the_listening_queue_is_the_cap_unless_more_ranks_join_at_once() {
+        // (why, cap, joiners, queue)
+        let rows = [
+            ("a pair: the cap", 32, 1, 32),
+            ("a tree rank with four children: the cap", 32, 4, 32),
+            ("a star of 100: its joiners", 32, 99, 99),
+            ("a star of 1,000: no longer than 128", 32, 999, MAX_BACKLOG),
+            ("a small cap under a low limit", 8, 2, 8),
+        ];
+        for (why, cap, joiners, want) in rows {
+            assert_eq!(listen_queue(cap, joiners), want, "{why}");
+        }
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub(crate) struct Group {
     pub endpoints: Vec<String>,
     /// Rank 0 during formation: which ranks proved the key (and named their endpoint)...
     pub registered: Vec<bool>,
+    /// How many are `true` in `registered`.
+    pub registered_count: usize,
     /// ...and which were sent their WELCOME on their current connection.
     pub welcomed: Vec<bool>,
     /// Tree parents during formation: the session each child said it had.
@@ -76,6 +78,7 @@ impl Group {
             formed: false,
             endpoints: vec![String::new(); n],
             registered: vec![false; n],
+            registered_count: 0,
             welcomed: vec![false; n],
             child_session: HashMap::new(),
             endpoint,
@@ -154,7 +157,10 @@ impl Group {
                         if !self.formed && !self.welcomed[r] {
                             // Rank 0 while the group forms: it has to join again (a restart).
                             // A tree rank that was welcomed left for its parent on purpose.
-                            self.registered[r] = false;
+                            if self.registered[r] {
+                                self.registered[r] = false;
+                                self.registered_count -= 1;
+                            }
                         }
                     }
                 }

@@ -207,7 +207,10 @@ impl Group {
                         let _ = self.net.send(conn, &again);
                     } else {
                         self.endpoints[r] = endpoint.to_string();
-                        self.registered[r] = true;
+                        if !self.registered[r] {
+                            self.registered[r] = true;
+                            self.registered_count += 1;
+                        }
                         self.welcomed[r] = false; // a new connection gets its own
                     }
                 } else {
@@ -269,17 +272,19 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
     // Zero means "no session yet".
     g.session = u64::from_le_bytes(session) | 1;
     let tree = !g.tree.is_star();
-    loop {
-        if tree {
-            welcome_ready(g);
-        }
-        let missing = missing_ranks(g);
-        if missing.is_empty() {
-            break;
-        }
+    // Counted as ranks join and leave, and a WELCOME tried only for the rank that joined
+    // and its children: no pass over every rank per input (a million ranks at most).
+    while g.registered_count + 1 < g.n {
         match g.next(deadline)? {
+            Some(Input::Admitted(r)) if tree => {
+                welcome_if_ready(g, r);
+                for c in g.tree.children(r) {
+                    welcome_if_ready(g, c);
+                }
+            }
             Some(input) => keep_early_round(g, input),
             None => {
+                let missing = missing_ranks(g);
                 // Tell the ranks still connected who is missing, then give up.
                 for r in 1..g.n {
                     if let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) {
@@ -318,29 +323,27 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
     Ok(())
 }
 
-/// Rank 0 of a tree: a WELCOME to every rank that joined and whose parent has (rank 0, or
-/// a rank that named where it listens).
-fn welcome_ready(g: &mut Group) {
-    for r in 1..g.n {
-        if !g.registered[r] || g.welcomed[r] {
-            continue;
-        }
-        let p = g.tree.parent(r).unwrap_or(0);
-        if p != 0 && !g.registered[p] {
-            continue;
-        }
-        let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
-            continue;
-        };
-        let parent = if p == 0 { "" } else { g.endpoints[p].as_str() };
-        let welcome = Message::Welcome {
-            joiner: j,
-            parent: Cow::Borrowed(parent),
-        };
-        let welcome = g.frame(&welcome, 0, 0);
-        if g.send(&conn, &welcome).is_ok() {
-            g.welcomed[r] = true;
-        }
+/// Rank 0 of a tree: a WELCOME to rank `r` if it joined and its parent has (rank 0, or a
+/// rank that named where it listens).
+fn welcome_if_ready(g: &mut Group, r: usize) {
+    if r == 0 || r >= g.n || !g.registered[r] || g.welcomed[r] {
+        return;
+    }
+    let p = g.tree.parent(r).unwrap_or(0);
+    if p != 0 && !g.registered[p] {
+        return;
+    }
+    let (Some(conn), Some(j)) = (g.peers[r].clone(), g.joiner_of(r)) else {
+        return;
+    };
+    let parent = if p == 0 { "" } else { g.endpoints[p].as_str() };
+    let welcome = Message::Welcome {
+        joiner: j,
+        parent: Cow::Borrowed(parent),
+    };
+    let welcome = g.frame(&welcome, 0, 0);
+    if g.send(&conn, &welcome).is_ok() {
+        g.welcomed[r] = true;
     }
 }
 

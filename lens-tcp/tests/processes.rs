@@ -93,15 +93,20 @@ fn run_processes(fan_out: Option<usize>) {
 #[test]
 #[ignore = "a child process of eight_processes_pass_conformance, not a test on its own"]
 fn child_rank() {
+    let group = join_from_env();
+    futures::executor::block_on(run_rank(&group, &Options::default().rounds(300)))
+        .expect("conformance");
+}
+
+/// A child's rank, configured from the environment its parent test set.
+fn join_from_env() -> TcpBroadcaster {
     assert_eq!(
         std::env::var("LENS_TCP_TEST_CHILD").as_deref(),
         Ok("1"),
         "run by the parent test only"
     );
     let config = TcpConfig::from_env().expect("config from the environment");
-    let group = TcpBroadcaster::connect(config).expect("join the group");
-    futures::executor::block_on(run_rank(&group, &Options::default().rounds(300)))
-        .expect("conformance");
+    TcpBroadcaster::connect(config).expect("join the group")
 }
 
 /// Ranks of the large tree job.
@@ -214,13 +219,7 @@ const SAMPLED: &[usize] = &[0, 1, 5, 511, 1023];
 #[test]
 #[ignore = "a child process of a_thousand_processes_form_a_tree_under_ulimit_1024, not a test on its own"]
 fn tree_child() {
-    assert_eq!(
-        std::env::var("LENS_TCP_TEST_CHILD").as_deref(),
-        Ok("1"),
-        "run by the parent test only"
-    );
-    let config = TcpConfig::from_env().expect("config from the environment");
-    let group = TcpBroadcaster::connect(config).expect("join the group");
+    let group = join_from_env();
     for root in [0, LARGE - 1, LARGE / 2] {
         let want = format!("from {root}").into_bytes();
         let mine = (lens_core::Broadcaster::rank(&group) == root).then_some(want.as_slice());

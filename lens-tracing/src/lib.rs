@@ -70,12 +70,16 @@ pub async fn broadcast_current(
     root: usize,
     span: &tracing::Span,
 ) -> Result<Option<Carrier>> {
-    let cx = if b.rank() == root {
+    broadcast_context(b, root, &source_context(b, root, span)).await
+}
+
+/// What a rank sends: the span's context on the source, nothing elsewhere.
+fn source_context(b: &dyn Broadcaster, root: usize, span: &tracing::Span) -> Context {
+    if b.rank() == root {
         span.context()
     } else {
         Context::new()
-    };
-    broadcast_context(b, root, &cx).await
+    }
 }
 
 /// [`broadcast_current`] for code without an async runtime (a training loop): the same
@@ -88,12 +92,7 @@ pub fn broadcast_current_blocking(
     root: usize,
     span: &tracing::Span,
 ) -> Result<Option<Carrier>> {
-    let cx = if b.rank() == root {
-        span.context()
-    } else {
-        Context::new()
-    };
-    lens_core::blocking::broadcast_context(b, root, &cx)
+    lens_core::blocking::broadcast_context(b, root, &source_context(b, root, span))
 }
 
 /// Starts linking `span` (created just now, not yet entered) to `remote`; finish with
