@@ -230,6 +230,7 @@ const SAMPLED: &[usize] = &[0, 1, 5, 511, 1023];
 /// One rank of `a_thousand_processes_form_a_tree_under_ulimit_1024`.
 #[test]
 #[ignore = "a child process of a_thousand_processes_form_a_tree_under_ulimit_1024, not a test on its own"]
+#[allow(clippy::print_stdout)]
 fn tree_child() {
     let group = join_from_env();
     for root in [0, LARGE - 1, LARGE / 2] {
