@@ -1,24 +1,28 @@
 //! Configuring a rank's OTLP export: code first, then the standard variables.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{HeaderName, HeaderValue};
 use lens_core::{Error, RankInfo, Result, parse_timeout_secs};
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{
-    Compression, SpanExporter, WithExportConfig, WithHttpConfig as _, WithTonicConfig as _,
-};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
-    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator,
-    Sampler, SdkTracerProvider, SpanExporter as SdkSpanExporter, TracerProviderBuilder,
+    BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+    SpanExporter as SdkSpanExporter, TracerProviderBuilder,
 };
 
 use crate::counted::{CountingExporter, CountingProcessor, Counts};
 use crate::endpoint::{Endpoint, Protocol, endpoint_from_vars, protocol_from, url_for};
 use crate::env;
+use crate::exporter::{self, Settings};
 use crate::guard::OtlpGuard;
+use crate::headers::Fixed;
+use crate::resource::process_attributes;
 use crate::select::ExportRanks;
+use crate::tls::{File, TlsFiles};
+use crate::vars;
 
 /// Extra exporters for every span ([`OtlpBuilder::also_export_to`]).
 struct AlsoExport(Vec<Box<dyn FnOnce(TracerProviderBuilder) -> TracerProviderBuilder + Send>>);
@@ -27,34 +31,6 @@ impl std::fmt::Debug for AlsoExport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} extra exporter(s)", self.0.len())
     }
-}
-
-/// The process's own resource attributes (semantic conventions): `host.name` (where the
-/// kernel says), `process.pid`, and a `service.instance.id` unique per rank and per run:
-/// the rank's (`<job id>/rank-<r>`) with `run-<16 hex digits>` chosen at random when the
-/// provider is built, before the rank (`job-7/run-3f9c…/rank-2`), so a requeued job's
-/// ranks are told apart from their earlier lives.
-fn process_attributes(info: &RankInfo) -> Vec<KeyValue> {
-    let run = RandomIdGenerator::default().new_span_id();
-    let rank = format!("rank-{}", info.rank);
-    let base = info.service_instance_id();
-    let job = base.strip_suffix(&rank).unwrap_or("");
-    let mut kvs = vec![
-        KeyValue::new("process.pid", i64::from(std::process::id())),
-        KeyValue::new(
-            lens_core::rank::resource_keys::SERVICE_INSTANCE_ID,
-            format!("{job}run-{run}/{rank}"),
-        ),
-    ];
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty());
-    if let Some(host) = host {
-        kvs.push(KeyValue::new("host.name", host));
-    }
-    kvs
 }
 
 /// Default bound on one export and on the guard's shutdown.
@@ -84,6 +60,10 @@ pub struct OtlpBuilder {
     disabled: bool,
     /// Export requests are gzip-compressed (`OTEL_EXPORTER_OTLP_COMPRESSION`).
     gzip: bool,
+    /// Headers on every request: the variables', then code's (which win by name).
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// TLS files for `https://` endpoints.
+    tls: TlsFiles,
     /// A variable that did not parse, or that lens cannot honour; reported by `build`
     /// unless code set the field.
     env_errors: Vec<(&'static str, Error)>,
@@ -110,18 +90,20 @@ impl OtlpBuilder {
             insecure: false,
             disabled: false,
             gzip: false,
+            headers: Vec::new(),
+            tls: TlsFiles::default(),
             env_errors: Vec::new(),
             lookup_protocol: Some(Ok(Protocol::default())),
         }
     }
 
     /// A builder that reads the standard variables of [`crate::env`]: the protocol,
-    /// endpoint, timeout, compression and `INSECURE` (`OTEL_EXPORTER_OTLP_*`, the traces
-    /// variable first), `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, which ranks export
-    /// (`LENS_OTLP_EXPORT_RANKS`) and `LENS_OTLP_TIMEOUT`. The batch processor reads
-    /// `OTEL_BSP_*`. A value that does not parse, or that lens cannot honour (the TLS
-    /// files), is reported by [`OtlpBuilder::build`] naming the variable, unless code sets
-    /// that field.
+    /// endpoint, headers, timeout, compression, `INSECURE` and the TLS files
+    /// (`OTEL_EXPORTER_OTLP_*`, the traces variable first), `OTEL_SDK_DISABLED`,
+    /// `OTEL_SERVICE_NAME`, which ranks export (`LENS_OTLP_EXPORT_RANKS`) and
+    /// `LENS_OTLP_TIMEOUT`. The batch processor reads `OTEL_BSP_*`. A value that does not
+    /// parse, or that lens cannot honour, is reported by [`OtlpBuilder::build`] naming the
+    /// variable, unless code sets that field.
     pub fn from_env(info: RankInfo) -> Self {
         Self::from_vars(info, |k| std::env::var(k).ok())
     }
@@ -138,7 +120,14 @@ impl OtlpBuilder {
                 Err(e) => b.env_errors.push((env::LENS_OTLP_EXPORT_RANKS, e)),
             }
         }
-        b.read_otlp_variables(&lookup);
+        let v = vars::read(&lookup);
+        b.timeout = v.timeout.unwrap_or(b.timeout);
+        b.insecure = v.insecure.unwrap_or(b.insecure);
+        b.disabled = v.disabled.unwrap_or(b.disabled);
+        b.gzip = v.gzip.unwrap_or(b.gzip);
+        b.headers = v.headers;
+        b.tls = v.tls;
+        b.env_errors.extend(v.errors);
         if let Some(text) = lookup(env::LENS_OTLP_TIMEOUT) {
             match parse_timeout_secs(env::LENS_OTLP_TIMEOUT, &text) {
                 Ok(t) => b.timeout = t,
@@ -146,85 +135,6 @@ impl OtlpBuilder {
             }
         }
         b
-    }
-
-    /// The specification's variables beyond protocol and endpoint: the timeout and the
-    /// compression (the traces variable, then the generic one), `INSECURE`,
-    /// `OTEL_SDK_DISABLED`, and the ones lens cannot honour yet (the TLS files), each an
-    /// error naming it.
-    fn read_otlp_variables(&mut self, lookup: &dyn Fn(&str) -> Option<String>) {
-        let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        for name in [
-            env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-            env::OTEL_EXPORTER_OTLP_TIMEOUT,
-        ] {
-            if let Some(text) = set(name) {
-                match text.trim().parse::<u64>() {
-                    Ok(ms) if ms > 0 => self.timeout = Duration::from_millis(ms),
-                    _ => self.env_errors.push((
-                        name,
-                        Error::config(format!(
-                            "{text:?} is not a whole, positive number of milliseconds"
-                        )),
-                    )),
-                }
-                break;
-            }
-        }
-        let boolean = |name: &'static str, errors: &mut Vec<(&'static str, Error)>| {
-            let text = set(name)?;
-            match text.trim().to_ascii_lowercase().as_str() {
-                "true" => Some(true),
-                "false" => Some(false),
-                _ => {
-                    errors.push((
-                        name,
-                        Error::config(format!("{text:?} is not true or false")),
-                    ));
-                    None
-                }
-            }
-        };
-        if let Some(v) = boolean(
-            env::OTEL_EXPORTER_OTLP_TRACES_INSECURE,
-            &mut self.env_errors,
-        )
-        .or_else(|| boolean(env::OTEL_EXPORTER_OTLP_INSECURE, &mut self.env_errors))
-        {
-            self.insecure = v;
-        }
-        if let Some(v) = boolean(env::OTEL_SDK_DISABLED, &mut self.env_errors) {
-            self.disabled = v;
-        }
-        for name in [
-            env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
-            env::OTEL_EXPORTER_OTLP_COMPRESSION,
-        ] {
-            if let Some(text) = set(name) {
-                match text.trim().to_ascii_lowercase().as_str() {
-                    "gzip" => self.gzip = true,
-                    "none" => self.gzip = false,
-                    _ => self.env_errors.push((
-                        name,
-                        Error::config(format!(
-                            "compression {text:?} is not one lens-otlp has: gzip or none"
-                        )),
-                    )),
-                }
-                break;
-            }
-        }
-        for name in env::TLS_VARIABLES {
-            if set(name).is_some() {
-                self.env_errors.push((
-                    name,
-                    Error::config(
-                        "TLS is not built into lens-otlp yet, so this file cannot be used: \
-                         send to a collector over http:// that forwards over TLS",
-                    ),
-                ));
-            }
-        }
     }
 
     /// Code set the field these variables configure: their errors no longer count.
@@ -303,6 +213,65 @@ impl OtlpBuilder {
             env::OTEL_EXPORTER_OTLP_COMPRESSION,
         ]);
         self.gzip = gzip;
+        self
+    }
+
+    /// A header on every export request (an API key, say), winning over a header of the
+    /// same name from the variables `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
+    /// `OTEL_EXPORTER_OTLP_HEADERS`. A name or value that is not a valid header is an error
+    /// at [`OtlpBuilder::build`].
+    pub fn header(mut self, name: impl AsRef<str>, value: impl AsRef<str>) -> Self {
+        let name = name.as_ref().trim().to_ascii_lowercase();
+        let parsed = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| "name")
+            .and_then(|n| {
+                HeaderValue::from_str(value.as_ref())
+                    .map(|v| (n, v))
+                    .map_err(|_| "value")
+            });
+        match parsed {
+            Ok((n, v)) => {
+                self.headers.retain(|(have, _)| *have != n);
+                self.headers.push((n, v));
+            }
+            Err(what) => self.env_errors.push((
+                "OtlpBuilder::header",
+                Error::config(format!("the {what} of header {name:?} is not valid")),
+            )),
+        }
+        self
+    }
+
+    /// A PEM file of the certificate authorities to check the receiver's certificate
+    /// against, instead of the system's (`https://` endpoints); variables
+    /// `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`, else `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+    pub fn certificate(mut self, pem_file: impl Into<PathBuf>) -> Self {
+        self.tls.certificate = Some(File {
+            path: pem_file.into(),
+            from: "OtlpBuilder::certificate",
+        });
+        self
+    }
+
+    /// A PEM file of this process's certificate chain, shown to receivers that require
+    /// mutual TLS, with [`OtlpBuilder::client_key`]; variables
+    /// `OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE`, else
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`.
+    pub fn client_certificate(mut self, pem_file: impl Into<PathBuf>) -> Self {
+        self.tls.client_certificate = Some(File {
+            path: pem_file.into(),
+            from: "OtlpBuilder::client_certificate",
+        });
+        self
+    }
+
+    /// A PEM file of the private key of [`OtlpBuilder::client_certificate`]; variables
+    /// `OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY`, else `OTEL_EXPORTER_OTLP_CLIENT_KEY`.
+    pub fn client_key(mut self, pem_file: impl Into<PathBuf>) -> Self {
+        self.tls.client_key = Some(File {
+            path: pem_file.into(),
+            from: "OtlpBuilder::client_key",
+        });
         self
     }
 
@@ -393,55 +362,26 @@ impl OtlpBuilder {
         let mut target = None;
         if exporting {
             let url = url_for(self.endpoint.as_ref(), protocol, self.insecure)?;
-            let exporter = match protocol {
-                Protocol::Grpc => {
-                    // tonic's channel runs on tokio: the guard owns a one-thread runtime for it,
-                    // so the application needs none.
-                    let rt = tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(1)
-                        .thread_name("lens-otlp-grpc")
-                        .enable_all()
-                        .build()
-                        .map_err(|e| {
-                            Error::transport("otlp", "cannot start the gRPC runtime", e)
-                        })?;
-                    let built = {
-                        let _enter = rt.enter();
-                        let b = SpanExporter::builder()
-                            .with_tonic()
-                            .with_endpoint(url.clone())
-                            .with_timeout(timeout);
-                        if self.gzip {
-                            b.with_compression(Compression::Gzip).build()
-                        } else {
-                            b.build()
-                        }
-                    };
-                    if built.is_ok() {
-                        runtime = Some(rt);
-                    } else {
-                        // Dropping a runtime blocks until its threads end, which panics
-                        // inside the caller's async code: let it go in the background.
-                        rt.shutdown_background();
-                    }
-                    built
-                }
-                Protocol::HttpProtobuf => {
-                    let b = SpanExporter::builder()
-                        .with_http()
-                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                        .with_endpoint(url.clone())
-                        .with_timeout(timeout);
-                    if self.gzip {
-                        b.with_compression(Compression::Gzip).build()
-                    } else {
-                        b.build()
-                    }
-                }
-            }
-            .map_err(|e| {
-                Error::transport("otlp", format!("cannot build the exporter for {url}"), e)
+            let tls = if url.starts_with("https://") {
+                Some(self.tls.load()?)
+            } else if let Some(f) = self.tls.first() {
+                return Err(Error::config(format!(
+                    "{}: {} is set, but the endpoint {url} is not https://",
+                    f.from,
+                    f.path.display()
+                )));
+            } else {
+                None
+            };
+            let (exporter, rt) = exporter::make(Settings {
+                protocol,
+                url: url.clone(),
+                timeout,
+                gzip: self.gzip,
+                tls,
+                headers: Fixed::new(self.headers),
             })?;
+            runtime = rt;
             let exporter = CountingExporter {
                 inner: exporter,
                 counts: Arc::clone(&counts),

@@ -93,7 +93,8 @@ pub(crate) fn endpoint_from_vars(lookup: &dyn Fn(&str) -> Option<String>) -> Opt
 }
 
 /// The URL the exporter is given: gRPC takes the base; HTTP takes the full traces URL. A
-/// gRPC endpoint without a scheme is `http://` when `insecure` (the OTLP variable) says so.
+/// gRPC endpoint without a scheme is `https://`, or `http://` when `insecure` (the OTLP
+/// variable) says so.
 pub(crate) fn url_for(
     endpoint: Option<&Endpoint>,
     protocol: Protocol,
@@ -110,24 +111,13 @@ pub(crate) fn url_for(
     };
     let schemeless = !url.contains("://");
     if protocol == Protocol::Grpc && schemeless && !url.is_empty() {
-        if !insecure {
-            return Err(Error::config(format!(
-                "OTLP endpoint {url:?} has no scheme: a gRPC endpoint without one means TLS, which \
-                 lens-otlp does not include yet; set {}=true for plain gRPC, or write http://",
-                env::OTEL_EXPORTER_OTLP_INSECURE
-            )));
-        }
-        url = format!("http://{url}");
+        // The specification: a gRPC endpoint without a scheme is TLS unless INSECURE says not.
+        let scheme = if insecure { "http" } else { "https" };
+        url = format!("{scheme}://{url}");
     }
-    if url.starts_with("https://") {
+    if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(Error::config(format!(
-            "OTLP endpoint {url:?} needs TLS, which lens-otlp does not include yet: \
-             send to a collector over http:// (one beside the job, say) that forwards over TLS"
-        )));
-    }
-    if !url.starts_with("http://") {
-        return Err(Error::config(format!(
-            "OTLP endpoint {url:?} is not an http:// URL"
+            "OTLP endpoint {url:?} is not an http:// or https:// URL"
         )));
     }
     Ok(url)
@@ -181,8 +171,8 @@ mod tests {
                 Some(Base("h:4317".into())),
                 Protocol::Grpc,
                 false,
-                Err(()),
-                "no scheme means TLS, which is not built in",
+                Ok("https://h:4317"),
+                "no scheme means TLS",
             ),
             (
                 Some(Base("h:4317".into())),
@@ -202,15 +192,22 @@ mod tests {
                 Some(Base("https://h:4317".into())),
                 Protocol::Grpc,
                 false,
-                Err(()),
-                "https needs TLS (gRPC)",
+                Ok("https://h:4317"),
+                "https gRPC",
             ),
             (
                 Some(Traces("https://h:4318/v1/traces".into())),
                 Protocol::HttpProtobuf,
                 true,
+                Ok("https://h:4318/v1/traces"),
+                "https HTTP, insecure or not",
+            ),
+            (
+                Some(Base("ftp://h:4318".into())),
+                Protocol::HttpProtobuf,
+                false,
                 Err(()),
-                "https needs TLS (HTTP), insecure or not",
+                "another scheme",
             ),
         ];
         for (endpoint, protocol, insecure, want, why) in rows {

@@ -1,6 +1,6 @@
 //! The environment variables lens-otlp reads. The `OTEL_*` ones are OpenTelemetry's own, with
-//! the meaning the OTel specification gives them; one that lens cannot honour (TLS settings,
-//! compression) is an error naming it, never ignored. The README's table lists them all.
+//! the meaning the OTel specification gives them; a value lens cannot honour is an error
+//! naming the variable, never ignored. The README's table lists them all.
 
 /// `grpc` or `http/protobuf` (the default): how spans are sent. `http/json` is refused.
 pub const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
@@ -29,21 +29,31 @@ pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_T
 pub const OTEL_EXPORTER_OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
 /// As [`OTEL_EXPORTER_OTLP_COMPRESSION`], for traces only.
 pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
-/// `true`: a gRPC endpoint without a scheme is plain `http://`. TLS is not built into
-/// lens-otlp yet, so without it such an endpoint is an error.
+/// `true`: a gRPC endpoint without a scheme is plain `http://`; `false` (the default): it
+/// is `https://`.
 pub const OTEL_EXPORTER_OTLP_INSECURE: &str = "OTEL_EXPORTER_OTLP_INSECURE";
 /// As [`OTEL_EXPORTER_OTLP_INSECURE`], for traces only.
 pub const OTEL_EXPORTER_OTLP_TRACES_INSECURE: &str = "OTEL_EXPORTER_OTLP_TRACES_INSECURE";
 /// `true` (any case): no span is exported and the provider records nothing, while
 /// broadcasts and links still work.
 pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
-/// TLS settings lens-otlp cannot honour yet (no TLS is built in): any of them set is an
-/// error naming it.
-pub const TLS_VARIABLES: [&str; 6] = [
-    "OTEL_EXPORTER_OTLP_CERTIFICATE",
-    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-];
+/// Request headers for every export, `name=value,name2=value2` with percent-encoded values
+/// (an API key, a tenant). A header set in code wins over the same name here.
+pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+/// As [`OTEL_EXPORTER_OTLP_HEADERS`], for traces only; wins over it.
+pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+/// A PEM file of the certificate authorities that sign the receiver's certificate
+/// (`https://` endpoints); it replaces the system's trust store, as in the other OTel SDKs.
+pub const OTEL_EXPORTER_OTLP_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+/// As [`OTEL_EXPORTER_OTLP_CERTIFICATE`], for traces only; wins over it.
+pub const OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
+/// A PEM file of this process's certificate chain, for receivers that require mutual TLS;
+/// needs [`OTEL_EXPORTER_OTLP_CLIENT_KEY`].
+pub const OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE";
+/// As [`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`], for traces only; wins over it.
+pub const OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE: &str =
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE";
+/// A PEM file of the private key of [`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`].
+pub const OTEL_EXPORTER_OTLP_CLIENT_KEY: &str = "OTEL_EXPORTER_OTLP_CLIENT_KEY";
+/// As [`OTEL_EXPORTER_OTLP_CLIENT_KEY`], for traces only; wins over it.
+pub const OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY: &str = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY";

@@ -47,9 +47,14 @@ mod builder;
 mod counted;
 mod endpoint;
 pub mod env;
+mod exporter;
 mod guard;
+mod headers;
 mod job;
+mod resource;
 mod select;
+mod tls;
+mod vars;
 
 pub use builder::{DEFAULT_TIMEOUT, OtlpBuilder};
 pub use counted::ExportStats;

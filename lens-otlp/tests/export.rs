@@ -308,13 +308,26 @@ fn a_bad_variable_is_an_error_naming_it_unless_code_overrides_it() {
         ),
         (env::OTEL_SDK_DISABLED, "yes", env::OTEL_SDK_DISABLED),
         (
-            env::OTEL_EXPORTER_OTLP_ENDPOINT,
-            "https://collector:4318",
-            "TLS",
+            env::OTEL_EXPORTER_OTLP_HEADERS,
+            "api-key",
+            env::OTEL_EXPORTER_OTLP_HEADERS,
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+            "a=%zz",
+            env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
         ),
     ];
     let mut rows = rows.to_vec();
-    for tls in env::TLS_VARIABLES {
+    // A TLS file beside the default endpoint (http://) cannot be used.
+    for tls in [
+        env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+        env::OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+        env::OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,
+        env::OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE,
+        env::OTEL_EXPORTER_OTLP_CLIENT_KEY,
+        env::OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY,
+    ] {
         rows.push((tls, "/etc/ssl/ca.pem", tls));
     }
     for (var, value, named) in &rows {

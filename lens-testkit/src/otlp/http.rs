@@ -28,7 +28,11 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub(super) fn start(store: Arc<Store>) -> std::io::Result<Server> {
+    /// Serves plain HTTP, or HTTPS with `tls`.
+    pub(super) fn start(
+        store: Arc<Store>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -42,10 +46,11 @@ impl Server {
                     }
                     let Ok(conn) = conn else { continue };
                     let store = Arc::clone(&store);
+                    let tls = tls.clone();
                     let _ = std::thread::Builder::new()
                         .name("otlp-http-conn".into())
                         .spawn(move || {
-                            let _ = serve(conn, &store);
+                            let _ = serve_conn(conn, &store, tls);
                         });
                 }
             })?;
@@ -72,10 +77,24 @@ impl Drop for Server {
     }
 }
 
-/// Serves requests on one connection until the peer closes it or stays idle.
-fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
+/// Serves one connection, over TLS when `tls` is given (a failed handshake ends it).
+fn serve_conn(
+    conn: TcpStream,
+    store: &Store,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<()> {
     conn.set_read_timeout(Some(IDLE))?;
-    let mut out = conn.try_clone()?;
+    match tls {
+        None => serve(conn, store),
+        Some(config) => {
+            let session = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
+            serve(rustls::StreamOwned::new(session, conn), store)
+        }
+    }
+}
+
+/// Serves requests on one connection until the peer closes it or stays idle.
+fn serve<S: Read + Write>(conn: S, store: &Store) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn);
     loop {
         let mut request_line = String::new();
@@ -85,6 +104,7 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
         let mut length = 0usize;
         let mut close = false;
         let mut gzip = false;
+        let mut headers = Vec::new();
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line)? == 0 {
@@ -96,6 +116,7 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
             }
             if let Some((name, value)) = line.split_once(':') {
                 let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+                headers.push((name.clone(), value.to_owned()));
                 if name == "content-length" {
                     length = value.parse().unwrap_or(usize::MAX);
                 } else if name == "content-encoding" {
@@ -108,11 +129,13 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
         let mut parts = request_line.split_whitespace();
         let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         if length > MAX_BODY {
-            respond(&mut out, "413 Payload Too Large", &[])?;
+            respond(reader.get_mut(), "413 Payload Too Large", &[])?;
             return Ok(());
         }
         let mut body = vec![0; length];
         reader.read_exact(&mut body)?;
+        store.note_headers(headers);
+        let out = reader.get_mut();
         if gzip {
             store.note_compressed();
             let mut plain = Vec::new();
@@ -120,25 +143,25 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
                 .take(MAX_BODY as u64)
                 .read_to_end(&mut plain);
             if inflated.is_err() {
-                respond(&mut out, "400 Bad Request", &[])?;
+                respond(out, "400 Bad Request", &[])?;
                 continue;
             }
             body = plain;
         }
         if method != "POST" || path != "/v1/traces" {
-            respond(&mut out, "404 Not Found", &[])?;
+            respond(out, "404 Not Found", &[])?;
         } else {
             match ExportTraceServiceRequest::decode(body.as_slice()) {
-                Err(_) => respond(&mut out, "400 Bad Request", &[])?,
+                Err(_) => respond(out, "400 Bad Request", &[])?,
                 Ok(req) => {
                     if store.take(Via::Http, &req.resource_spans) {
                         let reply = ExportTraceServiceResponse {
                             partial_success: None,
                         }
                         .encode_to_vec();
-                        respond(&mut out, "200 OK", &reply)?;
+                        respond(out, "200 OK", &reply)?;
                     } else {
-                        respond(&mut out, "503 Service Unavailable", &[])?;
+                        respond(out, "503 Service Unavailable", &[])?;
                     }
                 }
             }
@@ -149,7 +172,7 @@ fn serve(conn: TcpStream, store: &Store) -> std::io::Result<()> {
     }
 }
 
-fn respond(out: &mut TcpStream, status: &str, body: &[u8]) -> std::io::Result<()> {
+fn respond(out: &mut impl Write, status: &str, body: &[u8]) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
         body.len()

@@ -13,6 +13,7 @@
 
 mod http;
 mod span;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +29,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 
 pub use span::{ReceivedLink, ReceivedSpan, Value, Via};
+pub use tls::TestCa;
 
 /// What the receiver holds, shared with its servers.
 #[derive(Debug, Default)]
@@ -39,9 +41,17 @@ struct Store {
     compressed: AtomicU64,
     refusing: AtomicBool,
     delay_ms: AtomicU64,
+    /// The last request's headers (gRPC metadata), names lowercased.
+    headers: Mutex<Vec<(String, String)>>,
 }
 
 impl Store {
+    fn note_headers(&self, headers: Vec<(String, String)>) {
+        if let Ok(mut h) = self.headers.lock() {
+            *h = headers;
+        }
+    }
+
     /// A request arrived gzip-compressed.
     fn note_compressed(&self) {
         self.compressed.fetch_add(1, Ordering::AcqRel);
@@ -77,6 +87,20 @@ impl TraceService for Grpc {
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let store = Arc::clone(&self.0);
+        store.note_headers(
+            request
+                .metadata()
+                .clone()
+                .into_headers()
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+        );
         if request
             .metadata()
             .get("grpc-encoding")
@@ -103,6 +127,8 @@ impl TraceService for Grpc {
 /// An OTLP receiver on 127.0.0.1 (gRPC and HTTP), stopped on drop.
 #[derive(Debug)]
 pub struct Receiver {
+    /// `http` or `https`.
+    scheme: &'static str,
     store: Arc<Store>,
     grpc: SocketAddr,
     http: http::Server,
@@ -116,6 +142,20 @@ impl Receiver {
     /// # Errors
     /// When a port cannot be bound or the runtime cannot start.
     pub fn start() -> std::io::Result<Receiver> {
+        Self::start_with(None)
+    }
+
+    /// Starts both servers serving TLS with `ca`'s server certificate (for `localhost`,
+    /// `127.0.0.1` and `::1`); with `client_auth`, a client must show a certificate signed
+    /// by `ca` (mutual TLS), or its handshake fails. The endpoints are `https://`.
+    ///
+    /// # Errors
+    /// As [`Receiver::start`], and when the TLS configuration cannot be made.
+    pub fn start_tls(ca: &TestCa, client_auth: bool) -> std::io::Result<Receiver> {
+        Self::start_with(Some((ca, client_auth)))
+    }
+
+    fn start_with(tls: Option<(&TestCa, bool)>) -> std::io::Result<Receiver> {
         let store = Arc::new(Store::default());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -135,8 +175,18 @@ impl Receiver {
         // Collectors compress by default (rotel, the OTel Collector): take gzip as they do.
         let service = TraceServiceServer::new(Grpc(Arc::clone(&store)))
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let mut server = tonic::transport::Server::builder();
+        if let Some((ca, client_auth)) = tls {
+            use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+            let (cert, key) = ca.server_identity();
+            let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+            if client_auth {
+                config = config.client_ca_root(Certificate::from_pem(ca.ca_pem()));
+            }
+            server = server.tls_config(config).map_err(std::io::Error::other)?;
+        }
         runtime.spawn(async move {
-            let served = tonic::transport::Server::builder()
+            let served = server
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
@@ -146,8 +196,13 @@ impl Receiver {
                 tracing::warn!(error = %e, "test OTLP receiver: gRPC server stopped");
             }
         });
-        let http = http::Server::start(Arc::clone(&store))?;
+        let http_tls = match tls {
+            Some((ca, client_auth)) => Some(tls::http_server_config(ca, client_auth)?),
+            None => None,
+        };
+        let http = http::Server::start(Arc::clone(&store), http_tls)?;
         Ok(Receiver {
+            scheme: if tls.is_some() { "https" } else { "http" },
             store,
             grpc,
             http,
@@ -156,14 +211,15 @@ impl Receiver {
         })
     }
 
-    /// The gRPC endpoint, `http://127.0.0.1:PORT`.
+    /// The gRPC endpoint, `http://127.0.0.1:PORT` (`https://` when serving TLS).
     pub fn grpc_endpoint(&self) -> String {
-        format!("http://{}", self.grpc)
+        format!("{}://{}", self.scheme, self.grpc)
     }
 
-    /// The HTTP base URL, `http://127.0.0.1:PORT` (exporters add `/v1/traces`).
+    /// The HTTP base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS; exporters
+    /// add `/v1/traces`).
     pub fn http_endpoint(&self) -> String {
-        format!("http://{}", self.http.addr())
+        format!("{}://{}", self.scheme, self.http.addr())
     }
 
     /// The gRPC address.
@@ -212,6 +268,16 @@ impl Receiver {
     /// Export requests that arrived gzip-compressed, over both protocols.
     pub fn compressed(&self) -> u64 {
         self.store.compressed.load(Ordering::Acquire)
+    }
+
+    /// The headers of the last export request (gRPC metadata), names lowercased, in the
+    /// order they came.
+    pub fn last_headers(&self) -> Vec<(String, String)> {
+        self.store
+            .headers
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
     }
 
     /// Export requests refused.
