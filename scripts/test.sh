@@ -76,7 +76,7 @@ step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c
 fake_gpu=$(mktemp -d)
 trap 'rm -rf "$fake_gpu"' EXIT
 cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
-for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do ln -s libfakegpu.so "$fake_gpu/$name"; done
+for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2 libnvidia-ml.so.1; do ln -s libfakegpu.so "$fake_gpu/$name"; done
 # The NCCL test binary of the test step above (same flags: nothing rebuilds), run with the
 # fake on its loader path.
 nccl_tests=$(cargo test --workspace --all-targets --all-features --no-run --message-format=json 2>/dev/null \

@@ -53,6 +53,14 @@ pub trait Broadcaster: Send + Sync {
         DEFAULT_MAX_PAYLOAD
     }
 
+    /// This rank's index among the group's ranks on its host, when the backend knows it
+    /// (MPI asks the library; the in-process backend's ranks share one host; lens-tcp
+    /// keeps the launcher's). `None`, the default, means unknown:
+    /// [`crate::RankInfo::of_group`] then takes the launcher's variables.
+    fn local_rank(&self) -> Option<usize> {
+        None
+    }
+
     /// Collective: broadcasts `payload` from `root` to every rank of the group.
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>>;
 
@@ -132,6 +140,9 @@ macro_rules! forward_broadcaster {
             }
             fn max_payload(&self) -> usize {
                 (**self).max_payload()
+            }
+            fn local_rank(&self) -> Option<usize> {
+                (**self).local_rank()
             }
             async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
                 (**self).broadcast(root, payload).await

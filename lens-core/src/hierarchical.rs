@@ -240,6 +240,10 @@ impl<L: Broadcaster, G: Broadcaster> Broadcaster for Hierarchical<L, G> {
         self.layout.world_size()
     }
 
+    fn local_rank(&self) -> Option<usize> {
+        self.layout.place(self.rank).map(|(_, local)| local)
+    }
+
     fn max_payload(&self) -> usize {
         let leaders = self
             .leaders

@@ -100,8 +100,14 @@ pub struct RankInfo {
     pub local_rank: Option<usize>,
     /// Which launcher's variables were used.
     pub launcher: Launcher,
-    /// The job's id when the launcher gives one (`SLURM_JOB_ID`, `TORCHELASTIC_RUN_ID`).
+    /// The job's id when the launcher gives one (`SLURM_JOB_ID`, `TORCHELASTIC_RUN_ID`):
+    /// the same on every rank and across requeues and elastic restarts.
     pub job_id: Option<String>,
+    /// This run's id: one life of the job, the same on every rank, new after a requeue or
+    /// an elastic restart. From the launcher, `<job id>[.<SLURM_STEP_ID>]/restart-<n>` with
+    /// `n` from `TORCHELASTIC_RESTART_COUNT` or `SLURM_RESTART_COUNT` (0 when Slurm has not
+    /// requeued the job), when the job id and one of those are known.
+    pub run_id: Option<String>,
 }
 
 impl RankInfo {
@@ -121,6 +127,7 @@ impl RankInfo {
             local_rank: None,
             launcher: Launcher::Explicit,
             job_id: None,
+            run_id: None,
         })
     }
 
@@ -132,6 +139,7 @@ impl RankInfo {
             local_rank: Some(0),
             launcher: Launcher::Explicit,
             job_id: None,
+            run_id: None,
         }
     }
 
@@ -208,6 +216,7 @@ impl RankInfo {
                 local_rank,
                 launcher: family.launcher,
                 job_id: None,
+                run_id: None,
             });
         }
         for (i, a) in found.iter().enumerate() {
@@ -225,9 +234,25 @@ impl RankInfo {
                 "no launcher variables found (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK, SLURM_*)",
             )
         })?;
-        info.job_id = ["TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]
-            .iter()
-            .find_map(|name| lookup(name).filter(|v| !v.is_empty()));
+        let set = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        // torchrun's default rendezvous id is the word "none": no id at all.
+        info.job_id = set("TORCHELASTIC_RUN_ID")
+            .filter(|v| v != "none")
+            .or_else(|| set("SLURM_JOB_ID"));
+        let slurm = set("SLURM_JOB_ID").is_some();
+        let restart = set("TORCHELASTIC_RESTART_COUNT")
+            .or_else(|| set("SLURM_RESTART_COUNT"))
+            .or_else(|| slurm.then(|| "0".to_owned()));
+        let step = set("SLURM_STEP_ID")
+            .map(|s| format!(".{s}"))
+            .unwrap_or_default();
+        if let (Some(job), Some(restart)) = (&info.job_id, restart) {
+            info.run_id = Some(format!("{job}{step}/restart-{restart}"));
+        }
         Ok(info)
     }
 
@@ -237,6 +262,35 @@ impl RankInfo {
             Some(job) => format!("{job}/rank-{}", self.rank),
             None => format!("rank-{}", self.rank),
         }
+    }
+
+    /// The rank of `group` as the trace should name it: rank and world size from the group;
+    /// the launcher's local rank, job id and run id when its variables describe this same
+    /// rank of a group of this size ([`RankInfo::from_env`]); else the group's
+    /// [`Broadcaster::local_rank`](crate::Broadcaster::local_rank).
+    pub fn of_group(group: &dyn crate::Broadcaster) -> RankInfo {
+        let (rank, world_size) = (group.rank(), group.world_size());
+        let mut info = RankInfo::from_env()
+            .ok()
+            .filter(|i| i.rank == rank && i.world_size == world_size)
+            .unwrap_or(RankInfo {
+                rank,
+                world_size,
+                local_rank: None,
+                launcher: Launcher::Explicit,
+                job_id: None,
+                run_id: None,
+            });
+        if info.local_rank.is_none() {
+            info.local_rank = group.local_rank();
+        }
+        info
+    }
+
+    /// Sets the run's id (the same on every rank, new on every restart).
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(run_id.into());
+        self
     }
 
     /// Sets the job's id (the same on every rank).

@@ -236,3 +236,79 @@ fn launcher_passes_context_to_a_child_process() {
         carrier.get("traceparent").unwrap_or_default()
     );
 }
+
+/// The job id stays across requeues and elastic restarts; the run id changes with each.
+#[test]
+fn job_and_run_ids_from_the_launchers() {
+    // (variables, job id, run id, why)
+    let rows: &[(&[(&str, &str)], Option<&str>, Option<&str>, &str)] = &[
+        (
+            &[("RANK", "0"), ("WORLD_SIZE", "2")],
+            None,
+            None,
+            "no launcher id",
+        ),
+        (
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("TORCHELASTIC_RUN_ID", "job-7"),
+                ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ],
+            Some("job-7"),
+            Some("job-7/restart-2"),
+            "torchrun: an elastic restart is a new run",
+        ),
+        (
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("TORCHELASTIC_RESTART_COUNT", "0"),
+            ],
+            None,
+            None,
+            "torchrun's default rendezvous id 'none' is no id",
+        ),
+        (
+            &[
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_JOB_ID", "4242"),
+            ],
+            Some("4242"),
+            Some("4242/restart-0"),
+            "Slurm before any requeue",
+        ),
+        (
+            &[
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_JOB_ID", "4242"),
+                ("SLURM_STEP_ID", "3"),
+                ("SLURM_RESTART_COUNT", "1"),
+            ],
+            Some("4242"),
+            Some("4242.3/restart-1"),
+            "Slurm: the step and the requeue tell runs apart",
+        ),
+        (
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("TORCHELASTIC_RUN_ID", "rdzv-1"),
+                ("TORCHELASTIC_RESTART_COUNT", "0"),
+                ("SLURM_JOB_ID", "4242"),
+                ("SLURM_RESTART_COUNT", "5"),
+            ],
+            Some("rdzv-1"),
+            Some("rdzv-1/restart-0"),
+            "torchrun inside Slurm: torchrun's ids win",
+        ),
+    ];
+    for (vars, job, run, why) in rows {
+        let info = from(vars).expect(why);
+        assert_eq!(info.job_id.as_deref(), *job, "{why}");
+        assert_eq!(info.run_id.as_deref(), *run, "{why}");
+    }
+}

@@ -111,6 +111,8 @@ pub struct MpiBroadcaster {
     group: SlabGroup<Mpi>,
     only_thread: Option<ThreadId>,
     mode: Mode,
+    /// This rank's index among the ranks that share its memory (its host), from the library.
+    local_rank: Option<usize>,
 }
 
 impl std::fmt::Debug for MpiBroadcaster {
@@ -248,12 +250,16 @@ impl MpiBroadcasterBuilder {
         } else {
             Mode::Ibcast
         };
+        // Collective, like the rest of build: every rank gets here, or none (the errors
+        // above come from settings every rank shares).
+        let local_rank = usize::try_from(self.comm.split_shared(0).rank()).ok();
         let ranks = Ranks { me: rank, size };
         let transport = Mpi::new(self.comm, ranks, mode);
         Ok(MpiBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
             mode,
+            local_rank,
         })
     }
 }
@@ -332,6 +338,10 @@ impl Broadcaster for MpiBroadcaster {
 
     fn max_payload(&self) -> usize {
         self.group.max_payload()
+    }
+
+    fn local_rank(&self) -> Option<usize> {
+        self.local_rank
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {

@@ -116,6 +116,15 @@ fn rank_main(case: &str) {
             // Small groups: the root sends to every other rank itself.
             let b = check(MpiBroadcaster::new(world.duplicate()), "build");
             assert!(b.direct_sends() && !b.persistent_broadcasts());
+            // The library's node-local rank, as mpirun names it; the trace's local rank.
+            let launcher: Option<usize> = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
+                .ok()
+                .and_then(|v| v.parse().ok());
+            assert!(b.local_rank().is_some(), "MPI knows the local rank");
+            if launcher.is_some() {
+                assert_eq!(b.local_rank(), launcher);
+            }
+            assert_eq!(lens_core::RankInfo::of_group(&b).local_rank, b.local_rank());
             check(
                 futures::executor::block_on(run_rank(&b, &Options::default())),
                 "conformance",

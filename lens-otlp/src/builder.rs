@@ -33,6 +33,14 @@ impl std::fmt::Debug for AlsoExport {
     }
 }
 
+/// The variables resource detection reads, as `lookup` has them.
+fn detected(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    crate::resource::DETECTED
+        .iter()
+        .filter_map(|k| lookup(k).map(|v| (*k, v)))
+        .collect()
+}
+
 /// Default bound on one export and on the guard's shutdown.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -64,6 +72,9 @@ pub struct OtlpBuilder {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// TLS files for `https://` endpoints.
     tls: TlsFiles,
+    /// What resource detection reads (Slurm's ids, `CUDA_VISIBLE_DEVICES`, `HOSTNAME`), read
+    /// when the builder is made: from the process, or from `from_vars`'s lookup.
+    detect: Vec<(&'static str, String)>,
     /// A variable that did not parse, or that lens cannot honour; reported by `build`
     /// unless code set the field.
     env_errors: Vec<(&'static str, Error)>,
@@ -92,6 +103,7 @@ impl OtlpBuilder {
             gzip: false,
             headers: Vec::new(),
             tls: TlsFiles::default(),
+            detect: detected(&|k| std::env::var(k).ok()),
             env_errors: Vec::new(),
             lookup_protocol: Some(Ok(Protocol::default())),
         }
@@ -120,6 +132,7 @@ impl OtlpBuilder {
                 Err(e) => b.env_errors.push((env::LENS_OTLP_EXPORT_RANKS, e)),
             }
         }
+        b.detect = detected(&lookup);
         let v = vars::read(&lookup);
         b.timeout = v.timeout.unwrap_or(b.timeout);
         b.insecure = v.insecure.unwrap_or(b.insecure);
@@ -340,7 +353,12 @@ impl OtlpBuilder {
 
         let mut resource = Resource::builder()
             .with_attributes(self.info.attributes())
-            .with_attributes(process_attributes(&self.info))
+            .with_attributes(process_attributes(&self.info, &|k| {
+                self.detect
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.clone())
+            }))
             .with_attributes(self.resource);
         if let Some(name) = self.service_name {
             resource = resource.with_service_name(name);

@@ -51,6 +51,7 @@ mod exporter;
 mod guard;
 mod headers;
 mod job;
+mod nvml;
 mod resource;
 mod select;
 mod tls;
@@ -62,3 +63,12 @@ pub use endpoint::Protocol;
 pub use guard::OtlpGuard;
 pub use job::share_job_id;
 pub use select::ExportRanks;
+
+/// Resource attributes lens-otlp adds beside the rank's
+/// ([`lens_core::rank::resource_keys`]), besides the semantic conventions' `host.name`,
+/// `process.pid`, `service.instance.id` and `service.version`, and Slurm's `slurm.job.id`,
+/// `slurm.step.id` and `slurm.restart_count` when set.
+pub mod resource_keys {
+    pub use crate::nvml::{GPU_DRIVER_VERSION, GPU_INDEX, GPU_MODEL, GPU_UUID};
+    pub use crate::resource::{JOB_UUID, RUN_UUID};
+}

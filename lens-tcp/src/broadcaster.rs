@@ -46,6 +46,7 @@ const FORMING: usize = 32;
 pub struct TcpBroadcaster {
     rank: usize,
     world_size: usize,
+    local_rank: Option<usize>,
     timeout: Duration,
     max_payload: usize,
     // Stopped (and joined) before the group is dropped.
@@ -230,6 +231,7 @@ impl Rendezvous {
         Ok(TcpBroadcaster {
             rank: self.config.rank,
             world_size: self.config.world_size,
+            local_rank: self.config.local_rank,
             timeout: self.config.timeout,
             max_payload: self.config.max_payload,
             keeper: Keeper::start(Arc::clone(&group), self.config.rank)?,
@@ -250,6 +252,10 @@ impl Broadcaster for TcpBroadcaster {
 
     fn max_payload(&self) -> usize {
         self.max_payload
+    }
+
+    fn local_rank(&self) -> Option<usize> {
+        self.local_rank
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {

@@ -33,6 +33,7 @@ pub(crate) fn split_host_port(addr: &str) -> Option<(&str, u16)> {
 pub struct TcpConfig {
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
+    pub(crate) local_rank: Option<usize>,
     pub(crate) addr: String,
     pub(crate) key: Vec<u8>,
     pub(crate) timeout: Duration,
@@ -47,6 +48,7 @@ impl fmt::Debug for TcpConfig {
         f.debug_struct("TcpConfig")
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
             .field("addr", &self.addr)
             .field("key", &"<redacted>")
             .field("timeout", &self.timeout)
@@ -90,6 +92,11 @@ impl TcpConfig {
         self.world_size
     }
 
+    /// This rank's index among the ranks on its host, when known.
+    pub fn local_rank(&self) -> Option<usize> {
+        self.local_rank
+    }
+
     /// The rendezvous address (`host:port`; rank 0 binds it).
     pub fn addr(&self) -> &str {
         &self.addr
@@ -107,6 +114,7 @@ impl TcpConfig {
 pub struct TcpConfigBuilder {
     rank: Option<usize>,
     world_size: Option<usize>,
+    local_rank: Option<usize>,
     addr: Option<String>,
     key: Option<Vec<u8>>,
     timeout: Option<Duration>,
@@ -161,6 +169,7 @@ impl TcpConfigBuilder {
             Ok(info) => {
                 b.rank = Some(info.rank);
                 b.world_size = Some(info.world_size);
+                b.local_rank = info.local_rank;
             }
             Err(e) => {
                 b.env_errors.insert("rank", e);
@@ -221,6 +230,14 @@ impl TcpConfigBuilder {
     pub fn rank(mut self, rank: usize) -> Self {
         self.rank = Some(rank);
         self.env_errors.remove("rank");
+        self
+    }
+
+    /// This rank's index among the ranks on its host, for the trace's `nv.dl.local_rank`
+    /// (environment: `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`,
+    /// `SLURM_LOCALID`).
+    pub fn local_rank(mut self, local_rank: usize) -> Self {
+        self.local_rank = Some(local_rank);
         self
     }
 
@@ -350,6 +367,7 @@ impl TcpConfigBuilder {
         Ok(TcpConfig {
             rank,
             world_size,
+            local_rank: self.local_rank,
             addr,
             key,
             timeout,

@@ -179,3 +179,31 @@ fn builder_rejects_bad_values() {
         "key required"
     );
 }
+
+/// The launcher's local rank is kept (the trace's `nv.dl.local_rank`), code can set it, and
+/// a one-rank group reports it through `Broadcaster::local_rank`.
+#[test]
+fn the_local_rank_is_kept() {
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LENS_TCP_ADDR", "127.0.0.1:0"),
+        ("LENS_TCP_KEY", KEY),
+    ];
+    let config = from(&base).expect("config");
+    assert_eq!(config.local_rank(), None, "torchrun without LOCAL_RANK");
+    let mut vars = base.to_vec();
+    vars.push(("LOCAL_RANK", "0"));
+    assert_eq!(from(&vars).expect("config").local_rank(), Some(0));
+    let config = lens_tcp::TcpConfigBuilder::from_vars(|k| {
+        base.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    })
+    .local_rank(0)
+    .build()
+    .expect("config");
+    assert_eq!(config.local_rank(), Some(0));
+    let group = lens_tcp::TcpBroadcaster::connect(config).expect("a group of one");
+    assert_eq!(lens_core::Broadcaster::local_rank(&group), Some(0));
+}

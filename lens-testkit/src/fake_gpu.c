@@ -1,7 +1,8 @@
 /*
  * A stand-in for the CUDA driver (libcuda) and NCCL (libnccl) with the calls lens-nccl makes
- * through cudarc, for tests on machines without a GPU. One shared object answers to both
- * names (libcuda.so and libnccl.so are links to it). Device memory is host memory and copies
+ * through cudarc, and for NVML (libnvidia-ml) with the calls lens-otlp makes, for tests on
+ * machines without a GPU. One shared object answers to every name (libcuda.so, libnccl.so
+ * and libnvidia-ml.so.1 are links to it). Device memory is host memory and copies
  * run at once. An NCCL group lives in shared memory, so its ranks may be threads of one
  * process or separate processes; a broadcast completes only when every rank has queued it,
  * and a rank's buffer receives the root's bytes when that rank next looks at its stream, so
@@ -485,3 +486,58 @@ int ncclCommDestroy(void *comm) { return ncclCommAbort(comm); }
 int ncclCommFinalize(void *comm) { (void)comm; return 0; }
 int ncclGroupStart(void) { return 0; }
 int ncclGroupEnd(void) { return 0; }
+
+/* ---- NVML (libnvidia-ml.so.1): what lens-otlp reads for a rank's resource ---- */
+
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+
+static int nvml_inits;
+
+int nvmlInit_v2(void) { nvml_inits++; return 0; }
+int nvmlShutdown(void) { nvml_inits--; return 0; }
+
+/* A device handle is its index plus one (never null). */
+int nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    if (nvml_inits <= 0 || (int)index >= device_count()) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (void *)(uintptr_t)(index + 1);
+    return 0;
+}
+
+static void fake_uuid(char *out, size_t len, unsigned index) {
+    snprintf(out, len, "GPU-1e45fa4e-0000-4000-8000-%012u", index);
+}
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    char want[96];
+    for (int i = 0; i < device_count(); i++) {
+        fake_uuid(want, sizeof want, (unsigned)i);
+        if (strcmp(uuid, want) == 0) { *device = (void *)(uintptr_t)(i + 1); return 0; }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+static int nvml_text(char *out, unsigned len, const char *text) {
+    if (strlen(text) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, text);
+    return 0;
+}
+
+int nvmlDeviceGetUUID(void *device, char *out, unsigned len) {
+    char uuid[96];
+    fake_uuid(uuid, sizeof uuid, (unsigned)((uintptr_t)device - 1));
+    return nvml_text(out, len, uuid);
+}
+
+int nvmlDeviceGetName(void *device, char *out, unsigned len) {
+    (void)device;
+    return nvml_text(out, len, "lens fake GPU");
+}
+
+int nvmlDeviceGetIndex(void *device, unsigned *index) {
+    *index = (unsigned)((uintptr_t)device - 1);
+    return 0;
+}
+
+int nvmlSystemGetDriverVersion(char *out, unsigned len) { return nvml_text(out, len, "999.99-fake"); }

@@ -1,5 +1,6 @@
 //! A fake CUDA driver and NCCL, so that the NCCL backend's real code path (cudarc, the device
-//! slab, events, aborts) runs in tests on machines without a GPU.
+//! slab, events, aborts) runs in tests on machines without a GPU; and a fake NVML, for the GPU
+//! attributes of lens-otlp's resource.
 //!
 //! [`FakeGpu::build`] compiles one small C library with the system compiler and links it as
 //! `libcuda.so` and `libnccl.so`. A process started with [`FakeGpu::env`] (the loader reads
@@ -78,7 +79,14 @@ impl FakeGpu {
             )));
         }
         // cudarc looks for libcuda.so and libnccl.so; probes may try the versioned names.
-        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+        // lens-otlp loads NVML by its versioned name.
+        for name in [
+            "libcuda.so",
+            "libcuda.so.1",
+            "libnccl.so",
+            "libnccl.so.2",
+            "libnvidia-ml.so.1",
+        ] {
             std::os::unix::fs::symlink("libfakegpu.so", fake.dir.join(name))?;
         }
         Ok(fake)

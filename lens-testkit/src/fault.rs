@@ -83,6 +83,10 @@ impl<B: Broadcaster> Broadcaster for Faulty<B> {
         self.inner.max_payload()
     }
 
+    fn local_rank(&self) -> Option<usize> {
+        self.inner.local_rank()
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         for fault in &self.faults {
             if let Fault::Delay(d) = fault {

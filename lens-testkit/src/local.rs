@@ -166,6 +166,11 @@ impl Broadcaster for LocalBroadcaster {
         self.shared.max_payload
     }
 
+    /// Every rank of an in-process cluster is on this host: its local rank is its rank.
+    fn local_rank(&self) -> Option<usize> {
+        Some(self.rank)
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
         let n = self.shared.world_size;

@@ -95,6 +95,11 @@ pub use lens_mpi as mpi;
 #[cfg(feature = "nccl")]
 pub use lens_nccl as nccl;
 
+#[cfg(all(feature = "otlp", feature = "tracing"))]
+mod layer;
+#[cfg(all(feature = "otlp", feature = "tracing"))]
+pub use layer::otlp_layer;
+
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

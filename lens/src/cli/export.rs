@@ -78,8 +78,8 @@ impl OtlpChoice {
 /// Makes the ranks agree on a job id (the launcher's if it gave one, else one rank 0 draws),
 /// so that the trace backend can group the job's resources.
 pub(crate) async fn job_info(b: &dyn Broadcaster) -> lens::Result<RankInfo> {
-    let mut info = RankInfo::new(b.rank(), b.world_size())?;
-    info.job_id = RankInfo::from_env().ok().and_then(|i| i.job_id);
+    // The launcher's local rank and ids where they describe this rank, else the backend's.
+    let mut info = RankInfo::of_group(b);
     lens::otlp::share_job_id(b, 0, &mut info).await?;
     Ok(info)
 }

@@ -103,7 +103,7 @@ pub(crate) fn run_one_rank(
             (guard.provider().clone(), Some(guard))
         }
         None => {
-            let info = lens::RankInfo::new(b.rank(), b.world_size()).map_err(|e| e.to_string())?;
+            let info = lens::RankInfo::of_group(b);
             let provider = SdkTracerProvider::builder()
                 .with_simple_exporter(exporter.clone())
                 .with_resource(info.resource())

@@ -30,6 +30,14 @@ pub(crate) fn check_demo_spans(receiver: &Receiver, ranks: usize, steps: usize, 
         let r = s.rank().expect("rank");
         assert_eq!(s.resource_int("nv.dl.world_size"), Some(ranks as i64));
         assert_eq!(s.resource_str("service.name").as_deref(), Some("lens-demo"));
+        // One host: the local rank is the rank (the in-process backend's, or the
+        // launcher's LOCAL_RANK).
+        assert_eq!(
+            s.resource_int("nv.dl.local_rank"),
+            Some(r as i64),
+            "local rank"
+        );
+        assert!(s.resource_str("run.uuid").is_some(), "run.uuid");
         let instance = s.resource_str("service.instance.id").expect("instance id");
         assert!(instance.ends_with(&format!("rank-{r}")), "{instance}");
     }

@@ -79,6 +79,13 @@ pub(crate) fn join(
     timeout: Duration,
 ) -> Result<TcpBroadcaster, String> {
     let mut builder = TcpConfigBuilder::from_env().rank(rank).timeout(timeout);
+    // With --rank, the launcher's rank variables may be absent while its LOCAL_RANK is not.
+    if let Some(local) = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        builder = builder.local_rank(local);
+    }
     if let Some(world) = args.world {
         builder = builder.world_size(world as usize);
     }
@@ -115,6 +122,8 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
             .args(["--addr", &format!("127.0.0.1:{port}")])
             .args(["--steps", &steps.to_string(), "--parent", parent])
             .args(["--timeout", &args.timeout.to_string()])
+            // One host: a rank's local rank is its rank, as torchrun would say.
+            .env("LOCAL_RANK", rank.to_string())
             .env(lens::tcp::env::KEY_FILE, &key.0)
             .env_remove(lens::tcp::env::KEY);
         c
