@@ -1,6 +1,7 @@
 //! The training loop's cost of OTLP export: one step (a broadcast on the in-process backend,
-//! a linked span, its end) with export on, against the same step with no export, measured
-//! in the same run; and how many spans per second one rank can hand to the exporter.
+//! a linked span, its end) with export on (plain, and over TLS with gzip, to receivers on
+//! loopback), against the same step with no export, measured in the same run; and how many
+//! spans per second one rank can hand to the exporter and get exported, plain and over TLS.
 //!
 //! `cargo bench -p lens-otlp --bench step` (under `cargo test` it runs a few rounds only).
 //! Each mode runs in 16 interleaved blocks after warm-up; the table gives median and p99 per
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use lens_core::{Broadcaster, LinkedSpan, Parent, RankInfo, blocking};
 use lens_otlp::{ExportRanks, OtlpBuilder, OtlpGuard, Protocol};
 use lens_testkit::LocalCluster;
-use lens_testkit::otlp::Receiver;
+use lens_testkit::otlp::{Receiver, TestCa};
 use opentelemetry::trace::{Span as _, TraceContextExt as _, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracer, SdkTracerProvider};
@@ -46,6 +47,8 @@ fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     let iters = if bench { 40_000 } else { 320 };
     let receiver = Receiver::start().expect("receiver");
+    let ca = TestCa::new().expect("a CA");
+    let tls = Receiver::start_tls(&ca, false).expect("a TLS receiver");
     let info = || RankInfo::new(0, 1).expect("rank").with_job_id("bench");
     let guard = |b: OtlpBuilder| -> OtlpGuard { b.build().expect("guard") };
     let plain = SdkTracerProvider::builder()
@@ -70,6 +73,26 @@ fn main() {
                 OtlpBuilder::new(info())
                     .protocol(Protocol::HttpProtobuf)
                     .endpoint(receiver.http_endpoint()),
+            ),
+        ),
+        (
+            "grpc_tls_gz",
+            guard(
+                OtlpBuilder::new(info())
+                    .protocol(Protocol::Grpc)
+                    .endpoint(tls.grpc_endpoint())
+                    .certificate(ca.ca_file())
+                    .gzip(true),
+            ),
+        ),
+        (
+            "http_tls_gz",
+            guard(
+                OtlpBuilder::new(info())
+                    .protocol(Protocol::HttpProtobuf)
+                    .endpoint(tls.http_endpoint())
+                    .certificate(ca.ca_file())
+                    .gzip(true),
             ),
         ),
     ];
@@ -117,24 +140,48 @@ fn main() {
     // with the default queue a burst beyond it is dropped (and counted); with a queue that
     // holds the burst the figure is the exporter's sustained rate.
     let n: usize = if bench { 200_000 } else { 2_000 };
-    for queue in [2_048, n] {
+    let plain_grpc = || {
+        OtlpBuilder::new(info())
+            .protocol(Protocol::Grpc)
+            .endpoint(receiver.grpc_endpoint())
+    };
+    let tls_grpc = || {
+        OtlpBuilder::new(info())
+            .protocol(Protocol::Grpc)
+            .endpoint(tls.grpc_endpoint())
+            .certificate(ca.ca_file())
+            .gzip(true)
+    };
+    let tls_http = || {
+        OtlpBuilder::new(info())
+            .protocol(Protocol::HttpProtobuf)
+            .endpoint(tls.http_endpoint())
+            .certificate(ca.ca_file())
+            .gzip(true)
+    };
+    let runs: [(&str, OtlpBuilder, usize); 4] = [
+        ("gRPC", plain_grpc(), 2_048),
+        ("gRPC", plain_grpc(), n),
+        ("gRPC, TLS + gzip", tls_grpc(), n),
+        ("HTTP, TLS + gzip", tls_http(), n),
+    ];
+    for (what, builder, queue) in runs {
         let batch = BatchConfigBuilder::default()
             .with_max_queue_size(queue)
             .build();
         handoff(
-            OtlpBuilder::new(info())
-                .protocol(Protocol::Grpc)
-                .endpoint(receiver.grpc_endpoint())
+            builder
                 .batch_config(batch)
                 .shutdown_timeout(Duration::from_secs(60)),
             n,
             queue,
+            what,
         );
     }
     drop(guards);
 }
 
-fn handoff(builder: OtlpBuilder, n: usize, queue: usize) {
+fn handoff(builder: OtlpBuilder, n: usize, queue: usize, what: &str) {
     let g = builder.build().expect("guard");
     let tracer = g.tracer("bench");
     let t = Instant::now();
@@ -148,12 +195,12 @@ fn handoff(builder: OtlpBuilder, n: usize, queue: usize) {
         Ok(s) => (s.exported, 0),
         Err(lens_core::Error::Export { lost, .. }) => (n as u64 - lost, *lost),
         Err(e) => {
-            println!("handoff (queue {queue}): {e}");
+            println!("handoff ({what}, queue {queue}): {e}");
             return;
         }
     };
     println!(
-        "handoff (queue {queue}): {n} spans ended in {:.1} ms = {:.0} spans/s on one thread; \
+        "handoff ({what}, queue {queue}): {n} spans ended in {:.1} ms = {:.0} spans/s on one thread; \
          {exported} exported ({:.0} spans/s end to end), {lost} dropped and reported",
         handed * 1e3,
         n as f64 / handed,
