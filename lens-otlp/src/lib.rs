@@ -4,8 +4,10 @@
 //! [`OtlpBuilder`] builds a rank's tracer provider from its [`RankInfo`](lens_core::RankInfo):
 //! the resource carries `nv.dl.rank`, `nv.dl.world_size`, `nv.dl.local_rank`, `nv.dl.job_id`,
 //! `service.instance.id` and `service.name` (from `OTEL_SERVICE_NAME`); spans go through a
-//! batch processor to an OTLP exporter (gRPC or HTTP/protobuf, chosen by the standard
-//! `OTEL_EXPORTER_OTLP_PROTOCOL` and `OTEL_EXPORTER_OTLP_ENDPOINT`, see [`env`](mod@env)); the
+//! batch processor to an OTLP exporter (gRPC or HTTP/protobuf, plain or over TLS with
+//! rustls, mutual TLS, gzip and headers, chosen by the standard `OTEL_EXPORTER_OTLP_*`
+//! variables or in code, see [`env`](mod@env) and [`OtlpBuilder`]); the resource also
+//! names the host, process, job, run and GPU ([`resource_keys`]); the
 //! [`OtlpGuard`] it returns flushes and shuts down on drop and reports the spans that did not
 //! arrive. [`ExportRanks`] picks which ranks export; the others still broadcast and link.
 //!
