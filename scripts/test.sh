@@ -49,22 +49,33 @@ timeout 1500 cargo test --workspace --all-targets --all-features
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
 
-# One venv for the Python parts: rotel-agent (an OTLP collector) and the lens-trace package.
-venv=target/lens-venv
-[ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+# One venv for the Python parts: rotel-agent (an OTLP collector), real torch, NeMo Lens (the
+# reference, for the drop-in comparisons) and the lens-trace package. Python 3.13 where the
+# machine has it (nemo-lens needs it), else python3. It lives outside the clone, so torch
+# (about 5 GB with its CUDA libraries, the only build PyPI has for x86-64) is installed
+# once per machine, not once per run.
+py=$(command -v python3.13 2>/dev/null || true)
+[ -n "$py" ] && "$py" -c pass 2>/dev/null || py=$(ls -d "$HOME"/.pyenv/versions/3.13*/bin/python3.13 2>/dev/null | tail -n 1 || true)
+[ -n "$py" ] && [ -x "$py" ] || py=python3
+pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+venv="${LENS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/lens/venv-$pyver}"
+[ -x "$venv/bin/pip" ] || { mkdir -p "$(dirname "$venv")" && "$py" -m venv "$venv"; }
 pip_q() { "$venv/bin/pip" install -q --disable-pip-version-check "$@"; }
 
-step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a venv"
+step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a venv (Python $pyver)"
 pip_q "rotel==0.0.1a15"
 rotel_agent=$("$venv/bin/python" -c 'import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), "rotel-agent"))')
 [ -x "$rotel_agent" ] || { echo "test.sh: rotel-agent not found at $rotel_agent" >&2; exit 1; }
 LENS_ROTEL_AGENT="$rotel_agent" timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
 
 step "Python package lens-trace (lens-py): pip install ./lens-py, then pytest"
-pip_q "maturin==1.16.0" "pytest==8.4.2" "opentelemetry-sdk==1.38.0"
+pip_q "maturin==1.16.0" "pytest==8.4.2" "opentelemetry-sdk==1.45.2" "numpy" "torch==2.15.0"
+# NeMo Lens itself, for the drop-in comparisons (it needs Python 3.13; without it those
+# tests are skipped, saying why).
+if [ "$pyver" = "3.13" ]; then pip_q "nemo-lens==0.1.0"; fi
 # Built as a user would (pip, maturin, release); no build isolation, so maturin comes from
 # the venv instead of a second download.
-PATH="$PWD/$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
+PATH="$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
 # The Rust ranks of the mixed Python/Rust job (the test step built the example only as a
 # test harness).
 mixed_rank=$(cargo build -p lens --all-features --example mixed_rank --message-format=json 2>/dev/null \

@@ -22,7 +22,8 @@
 use opentelemetry::Context;
 
 use crate::broadcast::{
-    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, sent, source_not_told,
+    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, received_whole, sent,
+    source_not_told,
 };
 use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
@@ -88,6 +89,41 @@ pub fn broadcast_carrier(
             Err(e)
         }
     }
+}
+
+/// As [`broadcast_carrier`], but every rank gets the source's carrier whatever it holds:
+/// baggage alone, another propagator's headers (B3, Jaeger), or nothing (an empty
+/// carrier). For callers that hand the carrier to a propagator of their own, as the Python
+/// drop-in does. One round; a traceparent, when present, is checked as there.
+///
+/// # Errors
+/// As [`broadcast_carrier`].
+pub fn broadcast_carrier_whole(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    carrier: Option<&Carrier>,
+) -> Result<Carrier> {
+    check_root(b, src_rank)?;
+    if b.rank() != src_rank {
+        return received_whole(broadcast(b, src_rank, None)?, src_rank);
+    }
+    let carrier = match foreign_carrier(carrier) {
+        Ok(carrier) => carrier,
+        Err(e) => {
+            fail_source(b, src_rank);
+            return Err(e);
+        }
+    };
+    let bytes = match outgoing(b, &carrier) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            fail_source(b, src_rank);
+            return Err(e);
+        }
+    };
+    broadcast(b, src_rank, Some(&bytes))?;
+    drop(bytes);
+    Ok(carrier.with_source_rank(src_rank))
 }
 
 // The same steps as the async functions' (`broadcast.rs`), each round through `broadcast`:

@@ -200,14 +200,21 @@ pub(crate) fn sent(carrier: Carrier, src_rank: usize) -> Option<Carrier> {
 
 /// What another rank returns for the round's bytes.
 pub(crate) fn received(bytes: Vec<u8>, src_rank: usize) -> Result<Option<Carrier>> {
+    let carrier = received_whole(bytes, src_rank)?;
+    Ok(carrier.get(TRACEPARENT).is_some().then_some(carrier))
+}
+
+/// The carrier the round's bytes hold, whatever it holds; its traceparent, when present,
+/// is checked.
+pub(crate) fn received_whole(bytes: Vec<u8>, src_rank: usize) -> Result<Carrier> {
     if bytes.is_empty() {
         return Err(Error::SourceFailed { root: src_rank });
     }
     let carrier = Carrier::decode_vec(bytes, Carrier::DEFAULT_MAX_LEN)?;
     match carrier.get(TRACEPARENT) {
-        None => Ok(None),
+        None => Ok(carrier.with_source_rank(src_rank)),
         // Checked, not kept: the span context is parsed when a span first links to it.
-        Some(tp) if parse_traceparent(tp).is_ok() => Ok(Some(carrier.with_source_rank(src_rank))),
+        Some(tp) if parse_traceparent(tp).is_ok() => Ok(carrier.with_source_rank(src_rank)),
         // The source only ever sends a valid traceparent, so this one was damaged.
         Some(tp) => Err(Error::Corrupt {
             reason: format!("received an invalid traceparent {tp:?}"),

@@ -113,6 +113,27 @@ impl Group {
         got.map(|c| to_dict(py, &c)).transpose()
     }
 
+    /// Broadcasts the source's carrier, whatever it holds (another propagator's headers,
+    /// baggage alone, nothing), and returns it on every rank as a `dict`. One collective;
+    /// a `traceparent`, when present, is checked.
+    #[pyo3(signature = (src_rank, carrier=None))]
+    fn broadcast_map<'py>(
+        &self,
+        py: Python<'py>,
+        src_rank: usize,
+        carrier: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let b = self.live().py(py)?;
+        let mine = match carrier {
+            Some(d) if self.rank == src_rank => Some(from_dict(d)?),
+            _ => None,
+        };
+        let got = py
+            .detach(|| blocking::broadcast_carrier_whole(&*b, src_rank, mine.as_ref()))
+            .py(py)?;
+        to_dict(py, &got)
+    }
+
     /// Leaves the group: later calls on this rank raise `GroupClosed`. Idempotent.
     fn close(&self, py: Python<'_>) {
         let taken = {

@@ -18,6 +18,8 @@ def dump(spans: Iterable, rank: int, path: str, step_key: str = "nv.dl.step") ->
                 "trace_id": trace.format_trace_id(sc.trace_id),
                 "span_id": trace.format_span_id(sc.span_id),
                 "parent_span_id": trace.format_span_id(s.parent.span_id) if s.parent else None,
+                "kind": s.kind.name,
+                "attributes": {k: v if isinstance(v, (bool, int, float, str)) else list(v) for k, v in (s.attributes or {}).items()},
                 "links": [
                     {
                         "trace_id": trace.format_trace_id(link.context.trace_id),

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import lens_trace
 from jsonl import dump
-from lens_trace.distributed import broadcast_trace_context, create_linked_span
+from lens_trace.distributed import broadcast_trace_context, start_linked_span
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
                 broadcast_trace_context(rank, src_rank=src)
         else:
             carrier = broadcast_trace_context(rank, src_rank=src)
-            create_linked_span(tracer, "pp.stage", remote_carrier=carrier, parent="remote", **attrs).end()
+            start_linked_span(tracer, "pp.stage", remote_carrier=carrier, parent="remote", attributes=attrs).end()
     group.close()
     dump(exporter.get_finished_spans(), rank, args.out)
 

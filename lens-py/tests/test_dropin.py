@@ -22,6 +22,9 @@ def check(spans):
         src = steps[s["step"]]
         assert [(link["trace_id"], link["span_id"]) for link in s["links"]] == [(src["trace_id"], src["span_id"])], s
         assert s["links"][0]["attributes"]["lens.link.source_rank"] == "0"
+        # NeMo Lens's keywords are attributes, cleaned as NeMo Lens cleans them.
+        assert s["kind"] == "INTERNAL" and s["attributes"]["kind"] == "forward", s
+        assert s["attributes"]["token"] == "[REDACTED]", s
 
 
 def test_the_nemo_loop_runs_on_the_in_process_cluster(tmp_path):
@@ -44,7 +47,7 @@ def test_the_nemo_loop_runs_on_tcp_processes(procs: Procs, tmp_path):
     port = free_port()
     paths = [tmp_path / f"{r}.jsonl" for r in range(WORLD)]
     for r in range(WORLD):
-        procs.start(python_cmd("nemo_loop.py", str(paths[r])), rank_env(r, WORLD, port))
+        procs.start(python_cmd("nemo_loop.py", "tcp", str(paths[r])), rank_env(r, WORLD, port))
     for r, (code, text) in enumerate(procs.wait_all(90)):
         assert code == 0, f"rank {r}:\n{text}"
     check(read_spans(paths))

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import lens_trace
-from lens_trace.distributed import broadcast_trace_context, create_linked_span
+from lens_trace.distributed import broadcast_trace_context, create_linked_span, start_linked_span
 
 
 def tracer_of(exporter=None):
@@ -31,13 +31,13 @@ def test_every_rank_gets_the_source_span_and_links_to_it():
                 carrier = broadcast_trace_context(rank, src_rank=0)
                 return carrier, step.get_span_context()
         carrier = broadcast_trace_context(rank, src_rank=0)
-        span = create_linked_span(tracer, "stage", remote_carrier=carrier, parent="remote", stage=rank)
+        span = start_linked_span(tracer, "stage", remote_carrier=carrier, parent="remote", attributes={"stage": rank})
         span.end()
         return carrier, span.get_span_context()
 
     results = lens_trace.run_local(world, rank_main, timeout=10)
     source = results[0][1]
-    tp = f"00-{source.trace_id:032x}-{source.span_id:016x}-01"
+    tp = f"00-{source.trace_id:032x}-{source.span_id:016x}-{int(source.trace_flags):02x}"
     for rank, (carrier, _) in enumerate(results):
         assert carrier == {"traceparent": tp}, f"rank {rank}: {carrier}"
         assert isinstance(carrier, dict) and carrier.source_rank == 0
@@ -60,9 +60,9 @@ def test_parents_current_root_auto():
     rsc = remote.get_span_context()
     with tracer.start_as_current_span("local") as local:
         cur = create_linked_span(tracer, "current", remote_carrier=carrier)
-        auto_with_local = create_linked_span(tracer, "auto", remote_carrier=carrier, parent="auto")
-    root = create_linked_span(tracer, "root", remote_carrier=carrier, parent="root")
-    auto_alone = create_linked_span(tracer, "auto_alone", remote_carrier=carrier, parent="auto")
+        auto_with_local = start_linked_span(tracer, "auto", remote_carrier=carrier, parent="auto")
+    root = start_linked_span(tracer, "root", remote_carrier=carrier, parent="root")
+    auto_alone = start_linked_span(tracer, "auto_alone", remote_carrier=carrier, parent="auto")
     lsc = local.get_span_context()
     for span, trace_id, parent in [
         (cur, lsc.trace_id, lsc.span_id),
@@ -82,10 +82,10 @@ def test_remote_context_and_span_context_are_accepted_and_an_absent_remote_gives
     with tracer.start_as_current_span("remote") as remote:
         sc = remote.get_span_context()
         cx = trace.set_span_in_context(remote)
-    by_cx = create_linked_span(tracer, "a", remote_context=cx, parent="remote")
-    by_sc = create_linked_span(tracer, "b", remote_context=sc, parent="remote")
-    none = create_linked_span(tracer, "c", remote_carrier=None, parent="remote")
-    empty = create_linked_span(tracer, "d", remote_carrier={}, parent="remote")
+    by_cx = start_linked_span(tracer, "a", remote_context=cx, parent="remote")
+    by_sc = start_linked_span(tracer, "b", remote_context=sc, parent="remote")
+    none = start_linked_span(tracer, "c", remote_carrier=None, parent="remote")
+    empty = start_linked_span(tracer, "d", remote_carrier={}, parent="remote")
     assert by_cx.links[0].attributes["lens.link.source"] == "context"
     assert by_sc.links[0].attributes["lens.link.source"] == "span_context"
     for s in (by_cx, by_sc):
@@ -94,8 +94,10 @@ def test_remote_context_and_span_context_are_accepted_and_an_absent_remote_gives
         assert list(s.links) == [] and s.parent is None
 
 
-def test_no_source_span_gives_none_on_every_rank():
-    assert lens_trace.run_local(3, lambda r: broadcast_trace_context(r, src_rank=1), timeout=10) == [None] * 3
+def test_no_source_span_gives_an_empty_carrier_on_every_rank():
+    # As NeMo Lens: the source's propagator injected nothing, and every rank gets {}.
+    got = lens_trace.run_local(3, lambda r: broadcast_trace_context(r, src_rank=1), timeout=10)
+    assert got == [{}] * 3 and all(isinstance(c, lens_trace.RemoteCarrier) for c in got)
 
 
 def test_baggage_travels_with_the_context():
@@ -174,7 +176,6 @@ def test_the_gil_is_released_while_a_broadcast_waits():
 @pytest.mark.parametrize(
     "call, exc",
     [
-        (lambda g: broadcast_trace_context(1, group=g), ValueError),  # not this rank
         (lambda g: broadcast_trace_context(0, src_rank=5, group=g), ValueError),
         (lambda g: broadcast_trace_context("0", group=g), TypeError),
         (lambda g: broadcast_trace_context(0, src_rank=1.0, group=g), TypeError),
@@ -182,7 +183,8 @@ def test_the_gil_is_released_while_a_broadcast_waits():
         (lambda g: g.broadcast(7, b"x"), lens_trace.InvalidArgument),
         (lambda g: g.broadcast_carrier(0, {"traceparent": "00-bad"}), lens_trace.ConfigError),
         (lambda g: g.broadcast_carrier(0, {"traceparent": 3}), TypeError),
-        (lambda g: create_linked_span(tracer_of(), "x", parent="sideways"), ValueError),
+        (lambda g: start_linked_span(tracer_of(), "x", parent="sideways"), ValueError),
+        (lambda g: start_linked_span(tracer_of(), "x", kind="forward"), TypeError),
         (lambda g: create_linked_span(tracer_of(), 3), TypeError),
         (lambda g: create_linked_span(tracer_of(), "x", remote_carrier="00-ab"), TypeError),
         (lambda g: create_linked_span(tracer_of(), "x", remote_context="00-ab"), TypeError),
@@ -197,10 +199,12 @@ def test_bad_arguments_raise_value_or_type_errors(call, exc):
         call(g)
 
 
-def test_without_a_group_the_drop_in_says_how_to_pick_one():
+def test_without_a_group_the_broadcast_returns_none_as_nemo_lens_does():
+    # No group set and torch.distributed not initialised (a single-process run).
     lens_trace.set_group(None)
+    assert broadcast_trace_context(0) is None
     with pytest.raises(lens_trace.ConfigError, match="set_group"):
-        broadcast_trace_context(0)
+        lens_trace.get_group()
 
 
 def test_a_closed_group_refuses_calls():

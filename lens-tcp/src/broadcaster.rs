@@ -131,7 +131,11 @@ impl TcpBroadcaster {
         let mut local_addr = None;
         let mut endpoint = String::new();
         if rank == 0 {
-            local_addr = net.listen(&addrs)?.first().copied();
+            local_addr = net
+                .listen(&addrs)
+                .map_err(|e| rendezvous_bind_error(&config.addr, e))?
+                .first()
+                .copied();
         } else {
             if !tree.children(rank).is_empty() {
                 // A rank with tree children listens for them on a port of its own.
@@ -182,6 +186,28 @@ impl TcpBroadcaster {
 /// the others one to rank 0. In a tree, each rank one per tree child and one to its parent;
 /// while the group forms, rank 0 also holds ranks whose parent has not joined yet (counted
 /// as [`FORMING`]), and a rank also its first connection to rank 0.
+/// Rank 0 cannot bind the rendezvous address: say which variables choose it, since under
+/// torchrun `MASTER_PORT` is held by torch's own store.
+fn rendezvous_bind_error(addr: &str, e: Error) -> Error {
+    match e {
+        Error::Transport {
+            backend,
+            message,
+            source,
+        } => Error::Transport {
+            backend,
+            message: format!(
+                "{message}: rank 0 binds the rendezvous address {addr}; if another program holds \
+                 it (under torchrun, torch's store holds MASTER_PORT), choose a free port with {} \
+                 (host:port) or TcpConfigBuilder::addr",
+                crate::env::ADDR
+            ),
+            source,
+        },
+        other => other,
+    }
+}
+
 fn peer_connections(tree: Tree, rank: usize) -> usize {
     if tree.is_star() {
         return if rank == 0 {

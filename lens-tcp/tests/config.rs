@@ -207,3 +207,21 @@ fn the_local_rank_is_kept() {
     let group = lens_tcp::TcpBroadcaster::connect(config).expect("a group of one");
     assert_eq!(lens_core::Broadcaster::local_rank(&group), Some(0));
 }
+
+/// Rank 0 finding its rendezvous port taken (under torchrun, torch's store holds
+/// MASTER_PORT) is told which variable picks another.
+#[test]
+fn a_taken_rendezvous_port_names_lens_tcp_addr() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let config = TcpConfig::builder()
+        .rank(0)
+        .world_size(2)
+        .addr(addr.clone())
+        .key(KEY)
+        .build()
+        .expect("config");
+    let err = lens_tcp::TcpBroadcaster::start(config).expect_err("the port is taken");
+    let text = err.to_string();
+    assert!(text.contains("LENS_TCP_ADDR") && text.contains(&addr), "{text}");
+}

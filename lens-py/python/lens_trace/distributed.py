@@ -1,29 +1,39 @@
-"""A drop-in for ``nemo.lens.distributed``.
-
-Change the import, pick the group once, and keep the calls::
+"""A drop-in for ``nemo.lens.distributed``: change the import, keep the calls::
 
     from lens_trace.distributed import broadcast_trace_context, create_linked_span
-    import lens_trace
-    lens_trace.set_group(lens_trace.tcp_group())      # the one added line
 
     carrier = broadcast_trace_context(rank, src_rank=0)
-    span = create_linked_span(tracer, "pp.recv_forward", remote_carrier=carrier,
-                              parent="remote", microbatch=3)
+    span = create_linked_span(tracer, "pp.recv_forward", remote_carrier=carrier, microbatch=3)
 
-What differs from NeMo Lens, on purpose: one collective per broadcast (not a length then
-the bytes), a deadline on every broadcast (:class:`~lens_trace.errors.BroadcastTimeout`
-names the ranks that never came), ``None`` instead of ``{}`` when the source has no span,
-attributes and links given when the span starts (so samplers see them), and
-``parent="remote"`` to give every rank the source's trace id.
+Which group: the one :func:`set_group` chose (a :func:`lens_trace.tcp_group`, a subgroup, a
+rank of :func:`lens_trace.run_local`); else, where ``torch.distributed`` is initialised,
+its world group through :func:`lens_trace.torch_group` (one collective per broadcast, NCCL
+groups on the GPU, gloo on the CPU); else none, and the broadcast returns ``None``, as NeMo
+Lens does before ``init_process_group``.
+
+The same results as NeMo Lens for the same calls: the global propagator's carrier (W3C
+trace context and baggage by default, B3 or Jaeger when installed; a baggage-only carrier
+is a dict with ``baggage``, an empty context gives ``{}``); every keyword of
+:func:`create_linked_span` is a span attribute, cleaned as NeMo Lens cleans them
+(:data:`REDACT_KEYS`' string values are ``"[REDACTED]"``, ``None``, dicts, bytes and mixed
+lists are dropped); a ``rank`` argument that is not this process's rank is replaced by the
+group's, with one warning. lens's own choices, none of which can break such a caller: one
+collective per broadcast (NeMo Lens sends a length, then the bytes), a deadline on every
+broadcast (:class:`~lens_trace.errors.BroadcastTimeout`, also a ``TimeoutError``, names the
+ranks that never came), attributes and links given as the span starts (so samplers see
+them). :func:`start_linked_span` takes lens's extras: the parent (``"remote"`` gives every
+rank the source's trace id), the span kind and the link's attributes.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
@@ -36,6 +46,9 @@ __all__ = [
     "RemoteCarrier",
     "broadcast_trace_context",
     "create_linked_span",
+    "start_linked_span",
+    "clean_attributes",
+    "REDACT_KEYS",
     "get_group",
     "set_group",
     "inject_carrier",
@@ -53,8 +66,17 @@ LINK_SOURCE_RANK = "lens.link.source_rank"
 _W3C = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _PARENTS = ("current", "remote", "root", "auto")
 
+#: Keys whose string values are recorded as ``"[REDACTED]"``: NeMo Lens's
+#: ``DEFAULT_REDACT_KEYS``.
+REDACT_KEYS = frozenset({"prompt", "input_text", "output_text", "text", "password", "token", "secret", "key"})
+_REDACTED = "[REDACTED]"
+_SCALARS = (bool, int, float, str)
+
 _group_lock = threading.Lock()
 _group: Optional[Any] = None
+# The torch world group lens made for the process group now initialised, by its identity.
+_torch_world: "tuple[Any, Any]" = (None, None)
+_warned_rank = False
 # Set by run_local: each thread of an in-process cluster has its own rank's group.
 _thread = threading.local()
 
@@ -70,8 +92,9 @@ class RemoteCarrier(dict):
         self.source_rank = source_rank
 
     def context(self) -> Context:
-        """The OpenTelemetry context it carries (remote span context and baggage)."""
-        return _W3C.extract(self)
+        """The OpenTelemetry context it carries (remote span context and baggage), read by
+        the global propagator."""
+        return _extract(self)
 
     def span_context(self) -> SpanContext:
         """The remote span context (invalid when the carrier holds none)."""
@@ -91,23 +114,95 @@ def set_group(group: Any) -> None:
 
 def get_group() -> Any:
     """The group of this thread's rank under :func:`lens_trace.run_local`, else the one
-    :func:`set_group` chose; :class:`ConfigError` when there is none."""
-    group = getattr(_thread, "group", None) or _group
+    :func:`set_group` chose, else the world group of an initialised ``torch.distributed``;
+    :class:`ConfigError` when there is none."""
+    group = _find_group()
     if group is None:
         raise ConfigError(
             "no lens group: call lens_trace.set_group(lens_trace.tcp_group()) once per process "
-            "(or pass group=...)",
+            "(or pass group=...), or initialise torch.distributed",
             kind="config",
         )
     return group
 
 
+def _find_group() -> Any:
+    group = getattr(_thread, "group", None) or _group
+    if group is not None:
+        return group
+    return _torch_world_group()
+
+
+def _torch_world_group() -> Any:
+    """lens's group over torch's world group, made once per initialised process group;
+    ``None`` where torch is missing or ``torch.distributed`` is not initialised."""
+    global _torch_world
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.group.WORLD
+    pg, made = _torch_world
+    if pg is world and made is not None:
+        return made
+    from .torch_group import torch_group
+
+    if made is not None:
+        made.close()  # the process group it ran on is gone
+    made = torch_group(world)
+    _torch_world = (world, made)
+    return made
+
+
+@atexit.register
+def _close_torch_world() -> None:
+    # Before torch's own teardown: nothing of lens's outlives the process group.
+    global _torch_world
+    _, made = _torch_world
+    _torch_world = (None, None)
+    if made is not None:
+        made.close()
+
+
+def _default_textmap(textmap: Any) -> bool:
+    """Whether ``textmap`` is OpenTelemetry's default: W3C trace context, then baggage."""
+    if not isinstance(textmap, CompositePropagator):
+        return False
+    kinds = [type(p) for p in getattr(textmap, "_propagators", ())]
+    return kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+
+
 def inject_carrier(context: Optional[Context] = None) -> dict:
-    """The W3C carrier (``traceparent``, ``tracestate``, ``baggage``) of ``context``, or of
-    the current context: what the source of a broadcast sends."""
+    """The carrier the global propagator makes from ``context``, or from the current
+    context (W3C ``traceparent``, ``tracestate``, ``baggage`` by default): what the source
+    of a broadcast sends, as NeMo Lens's ``inject_context`` makes it."""
     carrier: dict = {}
-    _W3C.inject(carrier, context=context)
+    textmap = propagate.get_global_textmap()
+    (_W3C if _default_textmap(textmap) else textmap).inject(carrier, context=context)
     return carrier
+
+
+def _extract(carrier: Mapping[str, str]) -> Context:
+    textmap = propagate.get_global_textmap()
+    return (_W3C if _default_textmap(textmap) else textmap).extract(carrier)
+
+
+def clean_attributes(attributes: Mapping[str, Any]) -> dict:
+    """The attributes NeMo Lens would record: ``None`` dropped; ``bool``, ``int``,
+    ``float`` and ``str`` kept, a string under a key of :data:`REDACT_KEYS` as
+    ``"[REDACTED]"``; a list or tuple of those kept as a list (unredacted, as in NeMo
+    Lens); anything else (dicts, bytes, objects, mixed lists) dropped."""
+    out = {}
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        if isinstance(value, _SCALARS):
+            out[key] = _REDACTED if isinstance(value, str) and key in REDACT_KEYS else value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS) for v in value):
+            out[key] = list(value)
+    return out
 
 
 def _check_int(name: str, value: Any) -> int:
@@ -127,28 +222,44 @@ def broadcast_trace_context(
 ) -> Optional[RemoteCarrier]:
     """Broadcasts the source rank's current trace context to every rank of the group.
 
-    Collective: every rank calls it with the same ``src_rank``. Returns the carrier on every
-    rank, or ``None`` on every rank when the source had no valid span (NeMo Lens returns
-    ``{}`` there). The wait is bounded by the group's timeout and releases the GIL.
+    Collective: every rank calls it with the same ``src_rank``. Returns the source's
+    carrier on every rank: a dict of what the global propagator injected there (``{}``
+    when the source had no span and no baggage). Returns ``None`` when there is no group:
+    none set and ``torch.distributed`` not initialised (a single-process run of the same
+    script), as NeMo Lens does. The wait is bounded by the group's timeout and releases
+    the GIL.
 
-    :param rank: this process's rank in the group (checked against the group's).
+    :param rank: this process's rank in the group. One that is not (an off-by-one in the
+        caller) is replaced by the group's rank, with one ``RuntimeWarning`` per process.
     :param src_rank: the rank whose context is sent.
-    :param group: the group; by default the one :func:`set_group` chose.
+    :param group: the group; by default as the module says.
     :param context: on the source, the context to send instead of the current one.
-    :raises BroadcastTimeout: a rank did not take part in time (``missing_ranks``).
-    :raises ValueError: ``rank`` is not this process's rank, ``src_rank`` is outside the group.
+    :raises BroadcastTimeout: a rank did not take part in time (``missing_ranks``); also a
+        ``TimeoutError``.
+    :raises ValueError: ``src_rank`` is outside the group.
     :raises TypeError: a rank that is not an int.
     """
+    global _warned_rank
     rank = _check_int("rank", rank)
     src_rank = _check_int("src_rank", src_rank)
-    g = group if group is not None else get_group()
+    g = group if group is not None else _find_group()
+    if g is None:
+        return None
     if rank != g.rank:
-        raise ValueError(f"rank {rank} was passed, but this process is rank {g.rank} of its group")
+        if not _warned_rank:
+            _warned_rank = True
+            warnings.warn(
+                f"broadcast_trace_context: rank {rank} was passed, but this process is rank "
+                f"{g.rank} of its group; using {g.rank} (warned once)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        rank = g.rank
     if src_rank >= g.world_size:
         raise ValueError(f"src_rank {src_rank} is outside a group of {g.world_size} rank(s)")
     mine = inject_carrier(context) if rank == src_rank else None
-    got = g.broadcast_carrier(src_rank, mine)
-    return None if got is None else RemoteCarrier(got, source_rank=src_rank)
+    got = g.broadcast_map(src_rank, mine)
+    return RemoteCarrier(got, source_rank=src_rank)
 
 
 RemoteLike = Union[Context, SpanContext, None]
@@ -172,7 +283,7 @@ def _remote(
     if remote_carrier is not None:
         if not isinstance(remote_carrier, Mapping):
             raise TypeError(f"remote_carrier must be a dict, not {type(remote_carrier).__name__}")
-        cx = _W3C.extract(remote_carrier)
+        cx = _extract(remote_carrier)
         sc = trace.get_current_span(cx).get_span_context()
         source_rank = getattr(remote_carrier, "source_rank", None)
         if source_rank is None:
@@ -186,31 +297,55 @@ def create_linked_span(
     name: str,
     remote_context: RemoteLike = None,
     remote_carrier: Optional[Mapping[str, str]] = None,
-    *,
-    parent: str = "current",
-    kind: SpanKind = SpanKind.INTERNAL,
-    link_attributes: Optional[Mapping[str, Any]] = None,
     **attributes: Any,
 ) -> trace.Span:
-    """Starts a span linked to a span on another rank, and returns it (end it, or use it as
-    ``with trace.use_span(span, end_on_exit=True)``).
+    """Starts a span linked to a span on another rank and returns it (end it, or use it as
+    ``with trace.use_span(span, end_on_exit=True)``): NeMo Lens's signature and result.
 
     The remote comes from ``remote_context`` (a ``Context`` or ``SpanContext``) or else
     ``remote_carrier`` (what :func:`broadcast_trace_context` returned). An absent or invalid
-    remote gives an unlinked span, as in NeMo Lens. The link and ``attributes`` are given at
-    creation, so samplers see them; the link carries ``lens.link.source`` and, after a
-    broadcast, ``lens.link.source_rank``.
+    remote gives an unlinked span. The parent is the current span. Every keyword is a span
+    attribute (``kind=``, ``parent=`` too), cleaned by :func:`clean_attributes`, and given as
+    the span starts, with the link, so samplers see them; the link carries
+    ``lens.link.source`` and, after a broadcast, ``lens.link.source_rank``. For a remote
+    parent, a span kind or link attributes, use :func:`start_linked_span`.
+
+    :raises TypeError: a name that is not a str, a remote of the wrong type.
+    """
+    return start_linked_span(
+        tracer, name, remote_context=remote_context, remote_carrier=remote_carrier, attributes=attributes
+    )
+
+
+def start_linked_span(
+    tracer: trace.Tracer,
+    name: str,
+    *,
+    remote_context: RemoteLike = None,
+    remote_carrier: Optional[Mapping[str, str]] = None,
+    parent: str = "current",
+    kind: SpanKind = SpanKind.INTERNAL,
+    link_attributes: Optional[Mapping[str, Any]] = None,
+    attributes: Optional[Mapping[str, Any]] = None,
+) -> trace.Span:
+    """:func:`create_linked_span` with lens's options, each keyword-only so none can be
+    taken for an attribute.
 
     :param parent: ``"current"`` (default, as NeMo Lens: the local current span),
         ``"remote"`` (a child of the remote span: every rank shares its trace id),
         ``"auto"`` (the current span if there is one, else the remote) or ``"root"``.
+    :param kind: the span's :class:`~opentelemetry.trace.SpanKind`.
+    :param link_attributes: more attributes on the link.
+    :param attributes: the span's attributes, cleaned by :func:`clean_attributes`.
     :raises ValueError: an unknown ``parent``.
-    :raises TypeError: a name that is not a str, a remote of the wrong type.
+    :raises TypeError: a name that is not a str, a remote or kind of the wrong type.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if parent not in _PARENTS:
         raise ValueError(f"parent must be one of {', '.join(_PARENTS)}; got {parent!r}")
+    if not isinstance(kind, SpanKind):
+        raise TypeError(f"kind must be an opentelemetry SpanKind, not {type(kind).__name__}")
     remote_cx, sc, link_attrs = _remote(remote_context, remote_carrier)
     links = []
     if sc.is_valid:
@@ -225,5 +360,5 @@ def create_linked_span(
         cx = remote_cx
     else:
         cx = None  # the current context
-    return tracer.start_span(name, context=cx, kind=kind, attributes=attributes or None, links=links)
-
+    cleaned = clean_attributes(attributes) if attributes else None
+    return tracer.start_span(name, context=cx, kind=kind, attributes=cleaned or None, links=links)

@@ -59,6 +59,11 @@ class RankIdGenerator(IdGenerator):
     def generate_trace_id(self) -> int:
         return self._nonzero(128)
 
+    def is_trace_id_random(self) -> bool:
+        """Trace ids are random: the SDK sets the W3C random flag (``-03``) where it knows
+        the flag, as for its own generator."""
+        return True
+
 
 def rank_resource(
     rank: int,

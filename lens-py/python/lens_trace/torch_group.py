@@ -10,6 +10,7 @@ when :func:`torch_group` is called.
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any, Optional
 
 from . import _native
@@ -22,17 +23,36 @@ __all__ = ["torch_group", "DEFAULT_SLAB_SIZE"]
 DEFAULT_SLAB_SIZE = 256
 
 
-def _wait(work: Any, timeout: float) -> None:
-    """Waits for an async torch collective, polling so that the deadline holds whatever the
-    backend's own timeout is: spin briefly (rounds take microseconds), then sleep longer."""
+def _wait(work: Any, timeout: float, cpu: bool) -> None:
+    """Waits for an async torch collective within ``timeout`` seconds.
+
+    On the CPU (gloo) ``Work.wait`` blocks this thread, with the GIL released, until the
+    collective completes or the timeout passes: no polling, so no sleep is added to a round
+    that takes microseconds. On a GPU ``Work.wait`` only orders the stream, so the deadline
+    is kept by polling ``is_completed``: spinning first, then sleeping longer and longer.
+    """
+    if cpu:
+        try:
+            done = work.wait(timeout=timedelta(seconds=max(timeout, 1e-3)))
+        except RuntimeError as e:
+            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s: {e}") from e
+            raise
+        if done is False:
+            raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s")
+        return
     deadline = time.monotonic() + timeout
-    pause = 0.0
+    spins = 0
+    pause = 20e-6
     while not work.is_completed():
         if time.monotonic() >= deadline:
             raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s")
-        if pause:
+        if spins < 200:
+            spins += 1
+            time.sleep(0)  # yield, without the timer's granularity
+        else:
             time.sleep(pause)
-        pause = min(max(pause * 2, 20e-6), 1e-3)
+            pause = min(pause * 2, 1e-3)
     work.wait()  # raises the backend's own error, if it failed
 
 
@@ -69,11 +89,18 @@ def torch_group(
         device = "cuda" if dist.get_backend(pg) == "nccl" else "cpu"
     device = torch.device(device)
 
+    cpu = device.type == "cpu"
+    world = pg is dist.group.WORLD
+    # The global rank of each group rank, looked up once.
+    global_rank = [r if world else dist.get_global_rank(pg, r) for r in range(world_size)]
+    # The world group is named as torch's default (None), so lens holds no reference to the
+    # process group itself: torch can tear it down at exit in its own order.
+    group = None if world else pg
+
     def collective(buf: bytearray, root: int, left: float) -> None:
-        src = dist.get_global_rank(pg, root) if pg is not dist.group.WORLD else root
         host = torch.frombuffer(buf, dtype=torch.uint8)  # shares buf's memory
-        t = host if device.type == "cpu" else host.to(device)
-        _wait(dist.broadcast(t, src=src, group=pg, async_op=True), left)
+        t = host if cpu else host.to(device)
+        _wait(dist.broadcast(t, src=global_rank[root], group=group, async_op=True), left, cpu)
         if t is not host:
             host.copy_(t.cpu())
 
