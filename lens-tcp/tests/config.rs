@@ -223,5 +223,8 @@ fn a_taken_rendezvous_port_names_lens_tcp_addr() {
         .expect("config");
     let err = lens_tcp::TcpBroadcaster::start(config).expect_err("the port is taken");
     let text = err.to_string();
-    assert!(text.contains("LENS_TCP_ADDR") && text.contains(&addr), "{text}");
+    assert!(
+        text.contains("LENS_TCP_ADDR") && text.contains(&addr),
+        "{text}"
+    );
 }
