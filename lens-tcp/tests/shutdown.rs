@@ -29,6 +29,11 @@ fn dropping_a_group_stops_its_keepers_and_frees_its_descriptors() {
     let before = fds();
     for round in 0..3 {
         let group = common::group_at(4, Duration::from_secs(5), Some(2));
+        // A new thread names itself once it runs: give the last keeper a moment to.
+        let started = Instant::now();
+        while keepers() < 4 && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert_eq!(keepers(), 4, "round {round}: one keeper per rank");
         let addr = group.addr;
         drop(group);
