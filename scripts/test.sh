@@ -66,7 +66,11 @@ step "OTLP through a collector lens did not write: rotel-agent (PyPI rotel) in a
 pip_q "rotel==0.0.1a15"
 rotel_agent=$("$venv/bin/python" -c 'import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), "rotel-agent"))')
 [ -x "$rotel_agent" ] || { echo "test.sh: rotel-agent not found at $rotel_agent" >&2; exit 1; }
-LENS_ROTEL_AGENT="$rotel_agent" timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
+# rotel-agent links the venv's libpython: where that is not in the loader's path (pyenv's
+# Pythons), name its folder.
+pylib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+LD_LIBRARY_PATH="$pylib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LENS_ROTEL_AGENT="$rotel_agent" \
+  timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
 
 step "Python package lens-trace (lens-py): pip install ./lens-py, then pytest"
 pip_q "maturin==1.16.0" "pytest==8.4.2" "opentelemetry-sdk==1.45.2" "numpy" "torch==2.15.0"
