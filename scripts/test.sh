@@ -39,7 +39,7 @@ step "cargo clippy -D warnings (all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "feature matrix: every feature of lens builds alone"
-for features in "" testkit cli tcp mpi nccl otlp tracing testkit,tracing cli,tcp cli,mpi cli,nccl; do
+for features in "" local testkit cli tcp mpi nccl otlp tracing testkit,tracing cli,tcp cli,mpi cli,nccl; do
   cargo clippy -q -p lens --no-default-features --features "$features" -- -D warnings
 done
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lens_core::backend::slab::{SlabGroup, SlabOptions};
 use lens_core::{Broadcaster, Error, blocking};
+use lens_local::LocalCluster;
 use lens_tcp::{TcpBroadcaster, TcpConfigBuilder};
-use lens_testkit::LocalCluster;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};

@@ -14,7 +14,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvide
 
 use crate::fault::{Fault, Faulty};
 use crate::globals::RankScoped;
-use crate::local::{DEFAULT_TIMEOUT, LocalCluster};
+use lens_local::{DEFAULT_TIMEOUT, LocalCluster};
 
 /// What one rank of a [`Cluster`] run is given.
 #[derive(Clone)]

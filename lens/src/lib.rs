@@ -8,11 +8,12 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `testkit` | `lens::testkit`: an in-process cluster of N ranks, span capture, fault injection, the conformance suite |
+//! | `local` | `lens::local`: the in-process backend, N ranks of one process (`LocalCluster`) |
+//! | `testkit` | `lens::testkit`: the cluster runner, span capture, fault injection, the conformance suite (enables `local`) |
 //! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
-//! | `mpi` | `lens::mpi`: one `MPI_Ibcast` per carrier over any communicator, with a deadline |
+//! | `mpi` | `lens::mpi`: one collective per carrier over any communicator (direct sends in small groups, else a persistent broadcast), with a deadline |
 //! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
-//! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver, with the rank resource and a flushing guard |
+//! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver (gRPC or HTTP, TLS), with the rank resource and a flushing guard |
 //! | `tracing` | `lens::tracing`: for `tracing` users, broadcast a span's context and open linked `tracing` spans |
 //! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
@@ -70,6 +71,10 @@ pub use opentelemetry_sdk;
 /// The `tracing-opentelemetry` that pairs with lens's OpenTelemetry (feature `tracing`).
 #[cfg(feature = "tracing")]
 pub use lens_tracing::tracing_opentelemetry;
+
+/// The in-process backend: N ranks of one process (`LocalCluster`), for simulations.
+#[cfg(feature = "local")]
+pub use lens_local as local;
 
 /// The test kit: in-process cluster, span capture, faults, conformance suite.
 #[cfg(feature = "testkit")]

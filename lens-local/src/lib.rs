@@ -1,4 +1,29 @@
-//! The in-process backend: N ranks in one process, for tests and simulations.
+//! The in-process backend of **lens**: N ranks of one process that broadcast through shared
+//! memory. [`LocalCluster`] makes the group, one [`LocalBroadcaster`] per rank; each rank
+//! runs as a task of any executor or as a thread (with [`lens_core::blocking`]). It is a
+//! real backend, with the same contract as the network ones (deadlines, a root outside the
+//! group refused, payload limits): `lens demo` runs on it, Python's `local_cluster` is it,
+//! and simulations of a job use it. The test kit (`lens-testkit`) builds its `Cluster` on it.
+//!
+//! ```
+//! use lens_core::{Broadcaster, blocking};
+//! use lens_local::LocalCluster;
+//!
+//! let ranks = LocalCluster::new(3).broadcasters();
+//! let got = std::thread::scope(|s| {
+//!     let handles: Vec<_> = ranks
+//!         .iter()
+//!         .map(|b| s.spawn(move || blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"hi"[..]))))
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().expect("rank").expect("round")).collect::<Vec<_>>()
+//! });
+//! assert!(got.iter().all(|g| g == b"hi"));
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +65,7 @@ impl Shared {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lens_testkit::LocalCluster;
+/// use lens_local::LocalCluster;
 /// use lens_core::Broadcaster;
 ///
 /// let ranks = LocalCluster::new(8).timeout(Duration::from_secs(2)).broadcasters();
