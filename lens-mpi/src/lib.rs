@@ -48,9 +48,7 @@
     not(test),
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
-// Raw MPI calls: the safe rsmpi API aborts the process when a request is left unfinished,
-// and a deadline needs exactly that (see `ibcast`).
-#![allow(unsafe_code)]
+// `unsafe` is allowed only in `request` and `transport`, which make raw MPI calls.
 
 mod request;
 mod transport;

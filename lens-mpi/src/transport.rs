@@ -1,4 +1,6 @@
 //! The MPI side of the slab round: one collective per round on the communicator.
+// The `Send` marker of the communicator the transport owns.
+#![allow(unsafe_code)]
 
 use lens_core::Result;
 use lens_core::backend::slab::{Round, Slab, SlabTransport};

@@ -1,5 +1,7 @@
 //! Forming an NCCL group: the unique id made on rank 0 and carried by another broadcaster,
 //! and NCCL's init under a deadline (it has none of its own).
+// The NCCL communicator moved from the thread that made it.
+#![allow(unsafe_code)]
 
 use std::ffi::c_char;
 use std::time::{Duration, Instant};
@@ -61,17 +63,17 @@ fn new_id() -> Result<[u8; ID_LEN]> {
     Ok(out)
 }
 
-/// A value moved to another thread although its type is not `Send`.
-struct AssertSend<T>(T);
+/// A cudarc `Comm` moved from the helper thread that made it to the caller's.
+struct SendComm(Comm);
 
-// SAFETY: used only for a cudarc `Comm` made on a helper thread and handed over once; NCCL
-// communicators may be used from any thread as long as calls do not overlap.
-unsafe impl<T> Send for AssertSend<T> {}
+// SAFETY: a `Comm` made on a helper thread and handed over once, never used by two threads
+// at a time; NCCL communicators may be used from any thread as long as calls do not overlap.
+unsafe impl Send for SendComm {}
 
 /// Runs `f` on a helper thread and waits for it until `timeout`. On a timeout the thread is
 /// left behind (blocked in a call that cannot be cancelled, such as `ncclCommInitRank`) and
 /// whatever it returns later is dropped there.
-pub(crate) fn with_deadline<T: 'static>(
+pub(crate) fn with_deadline<T: Send + 'static>(
     what: &'static str,
     timeout: Duration,
     f: impl FnOnce() -> Result<T> + Send + 'static,
@@ -81,7 +83,7 @@ pub(crate) fn with_deadline<T: 'static>(
     std::thread::Builder::new()
         .name(format!("lens-nccl {what}"))
         .spawn(move || {
-            let made = guarded(what, || f().map(AssertSend)).and_then(|r| r);
+            let made = guarded(what, f).and_then(|r| r);
             if let Err(std::sync::mpsc::TrySendError::Disconnected(Ok(late))) = tx.try_send(made) {
                 tracing::warn!("{what} finished after its deadline; dropping what it made");
                 // A late communicator is aborted by its drop, which cudarc lets panic.
@@ -94,7 +96,7 @@ pub(crate) fn with_deadline<T: 'static>(
             source: Some(Box::new(e)),
         })?;
     match rx.recv_timeout(timeout) {
-        Ok(made) => made.map(|AssertSend(v)| v),
+        Ok(made) => made,
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
             tracing::warn!(
                 ?timeout,
@@ -153,8 +155,10 @@ impl NcclBroadcaster {
                 .new_stream()
                 .map_err(|e| cuda_err("creating a stream", e))?;
             Comm::from_rank(stream, rank, world, Id::uninit(internal))
+                .map(SendComm)
                 .map_err(|e| nccl_err("ncclCommInitRank", e))
-        })?;
+        })?
+        .0;
         Self::with_options(comm, opts)
     }
 

@@ -1,5 +1,7 @@
 //! [`NcclBroadcaster`]: the slab round of `lens_core::backend::slab` on a GPU, and the ways
 //! to wrap a communicator the application already has.
+// A communicator and stream handed in by the application (raw handles).
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;

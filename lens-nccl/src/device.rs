@@ -1,6 +1,8 @@
 //! What a round asks of the GPU side, behind a small trait: CUDA + NCCL in production
 //! ([`Cuda`]), an in-process simulation in this crate's tests, so that the slab protocol, the
 //! deadline and the abort are exercised on machines without a GPU.
+// Device memory and raw CUDA and NCCL handles.
+#![allow(unsafe_code)]
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;

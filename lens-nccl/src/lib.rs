@@ -42,8 +42,8 @@
     not(test),
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
-// Loading CUDA/NCCL libraries to check them, and a Send marker for the NCCL communicator.
-#![allow(unsafe_code)]
+// `unsafe` is allowed only in the modules that load CUDA and NCCL, hold device memory or
+// move the communicator between threads (`probe`, `device`, `broadcaster`, `bootstrap`).
 
 /// The cudarc this crate is built on, to name its types (`Comm`, `CudaStream`, raw handles)
 /// at the same version.

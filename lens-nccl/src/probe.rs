@@ -1,5 +1,7 @@
 //! Is CUDA and NCCL usable here? Checked before any cudarc call, because cudarc panics
 //! when a library or a symbol is missing.
+// Loading the CUDA and NCCL libraries to see whether they are there.
+#![allow(unsafe_code)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
