@@ -192,3 +192,28 @@ def test_lens_errors_are_the_builtin_exceptions_callers_catch():
     assert issubclass(lens_trace.DecodeError, ValueError)
     assert issubclass(lens_trace.TransportError, ConnectionError)
     assert issubclass(lens_trace.UnavailableError, RuntimeError)
+
+
+def test_the_fast_path_writes_what_the_default_propagators_write():
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace.span import TraceState
+
+    w3c = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+    tracer = tracer_of(InMemorySpanExporter())
+    remote = trace.SpanContext(
+        0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(3), trace_state=TraceState([("vendor", "x=1")])
+    )
+    contexts = {
+        "empty": context.Context(),
+        "a span": trace.set_span_in_context(tracer.start_span("s")),
+        "a remote span with tracestate": trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+        "baggage only": baggage.set_baggage("k", "v w", context.Context()),
+        "a span and baggage": baggage.set_baggage("a", "1", trace.set_span_in_context(tracer.start_span("t"))),
+    }
+    assert type(propagate.get_global_textmap()) is CompositePropagator, "the default global propagator"
+    for why, cx in contexts.items():
+        want: dict = {}
+        w3c.inject(want, context=cx)
+        assert lens_trace.inject_carrier(cx) == want, why

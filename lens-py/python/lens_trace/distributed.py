@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
@@ -64,6 +64,7 @@ LINK_SOURCE_RANK = "lens.link.source_rank"
 
 # W3C TraceContext then Baggage: the carrier's keys in the order NeMo Lens's bytes have.
 _W3C = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+_BAGGAGE = W3CBaggagePropagator()
 _PARENTS = ("current", "remote", "root", "auto")
 
 #: Keys whose string values are recorded as ``"[REDACTED]"``: NeMo Lens's
@@ -180,7 +181,17 @@ def inject_carrier(context: Optional[Context] = None) -> dict:
     of a broadcast sends, as NeMo Lens's ``inject_context`` makes it."""
     carrier: dict = {}
     textmap = propagate.get_global_textmap()
-    (_W3C if _default_textmap(textmap) else textmap).inject(carrier, context=context)
+    if not _default_textmap(textmap):
+        textmap.inject(carrier, context=context)
+        return carrier
+    # The default pair, written directly: the same headers the two propagators write.
+    sc = trace.get_current_span(context).get_span_context()
+    if sc.is_valid:
+        carrier["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+        if sc.trace_state:
+            carrier["tracestate"] = sc.trace_state.to_header()
+    if baggage.get_all(context):
+        _BAGGAGE.inject(carrier, context=context)
     return carrier
 
 
