@@ -2,7 +2,7 @@
 //! OpenTelemetry trace.
 //!
 //! - [`Broadcaster`]: the transport trait every backend implements (MPI, NCCL, ZeroMQ over
-//!   TCP, the in-process simulator of `lens-testkit`), usable as `dyn Broadcaster`.
+//!   TCP, the in-process backend `lens-local`), usable as `dyn Broadcaster`.
 //! - [`Carrier`]: the W3C trace-context carrier and its Python-compatible codec.
 //! - [`broadcast_trace_context`]: one rank's current trace context to every rank, in one
 //!   collective.
@@ -10,7 +10,8 @@
 //! - [`RankInfo`]: rank and world size from torchrun, Slurm, Open MPI, MPICH or PMIx.
 //! - [`Hierarchical`]: a broadcaster made of a leaders group and a per-node group.
 //! - [`blocking`]: synchronous twins for code with no async runtime.
-//! - [`backend`]: for those who write a backend (argument checks, the slab round).
+//! - [`backend`]: for those who write a backend (argument checks, deadlines, the slab round,
+//!   the W3C header parsers); users of lens do not need it.
 //!
 //! # Example
 //!
@@ -67,9 +68,7 @@ pub mod link;
 pub mod rank;
 
 pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};
-pub use broadcaster::{
-    Broadcaster, DEFAULT_MAX_PAYLOAD, MAX_TIMEOUT, check_timeout, parse_timeout_secs,
-};
+pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD};
 pub use carrier::{Carrier, CarrierError};
 pub use error::{BoxError, Error, Result};
 pub use hierarchical::{Hierarchical, NodeLayout};

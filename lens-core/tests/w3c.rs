@@ -1,7 +1,7 @@
 //! The W3C trace-context test suite's traceparent/tracestate cases, one row each.
 
 use lens_core::Carrier;
-use lens_core::carrier::w3c::{parse_traceparent, parse_tracestate};
+use lens_core::backend::w3c::{parse_traceparent, parse_tracestate};
 
 const TID: &str = "12345678901234567890123456789012";
 const SID: &str = "1234567890123456";

@@ -229,7 +229,7 @@ impl MpiBroadcasterBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for a slab no larger than its header or over `i32::MAX` bytes, a
-    /// timeout that is zero or over [`lens_core::MAX_TIMEOUT`], or a variable that did not
+    /// timeout that is zero or over [`lens_core::backend::MAX_TIMEOUT`], or a variable that did not
     /// parse.
     pub fn build(self) -> Result<MpiBroadcaster> {
         let (rank, size) = (self.comm.rank(), self.comm.size());

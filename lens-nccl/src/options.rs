@@ -71,7 +71,7 @@ impl NcclOptions {
             ..NcclOptions::default()
         };
         if let Some(text) = get(env::INIT_TIMEOUT) {
-            match lens_core::parse_timeout_secs(env::INIT_TIMEOUT, &text) {
+            match lens_core::backend::parse_timeout_secs(env::INIT_TIMEOUT, &text) {
                 Ok(d) => opts.init_timeout = d,
                 Err(e) => opts.init_env_error = Some(e.to_string()),
             }
@@ -114,7 +114,7 @@ impl NcclOptions {
             return Err(lens_core::Error::config(e.clone()));
         }
         self.slab.check(crate::probe::BACKEND)?;
-        lens_core::check_timeout("the NCCL init timeout", self.init_timeout)?;
+        lens_core::backend::check_timeout("the NCCL init timeout", self.init_timeout)?;
         Ok(())
     }
 }

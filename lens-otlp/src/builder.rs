@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
-use lens_core::{Error, RankInfo, Result, parse_timeout_secs};
+use lens_core::backend::parse_timeout_secs;
+use lens_core::{Error, RankInfo, Result};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
@@ -347,7 +348,7 @@ impl OtlpBuilder {
             (None, Some(Err(e))) => return Err(Error::config(e)),
             (None, None) => Protocol::default(),
         };
-        let timeout = lens_core::check_timeout("OTLP export timeout", self.timeout)?;
+        let timeout = lens_core::backend::check_timeout("OTLP export timeout", self.timeout)?;
         let shutdown_timeout = self.shutdown_timeout.unwrap_or(timeout);
         let exporting = !self.disabled && self.export_ranks.selects(&self.info)?;
 

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use lens_core::{Error, RankInfo, Result, check_timeout, parse_timeout_secs};
+use lens_core::backend::{check_timeout, parse_timeout_secs};
+use lens_core::{Error, RankInfo, Result};
 
 use crate::{env, key};
 
@@ -311,7 +312,7 @@ impl TcpConfigBuilder {
     /// [`Error::Config`] for a missing field or a malformed environment variable (named), a
     /// rank not below the world size, a world over [`MAX_WORLD`], a short key, an address
     /// that is not `host:port`, or a timeout that is zero or over
-    /// [`lens_core::MAX_TIMEOUT`].
+    /// [`lens_core::backend::MAX_TIMEOUT`].
     pub fn build(self) -> Result<TcpConfig> {
         if let Some((_, e)) = self.env_errors.into_iter().next() {
             return Err(e);

@@ -395,7 +395,7 @@ fn huge_durations_are_config_errors() {
     for d in [
         Duration::MAX,
         Duration::from_secs(u64::MAX / 2),
-        lens_core::MAX_TIMEOUT * 2,
+        lens_core::backend::MAX_TIMEOUT * 2,
     ] {
         assert!(
             matches!(b().timeout(d).build(), Err(Error::Config { .. })),

@@ -12,6 +12,16 @@ use crate::error::{Error, Result};
 
 pub mod slab;
 
+pub use crate::broadcaster::{MAX_TIMEOUT, check_timeout, parse_timeout_secs};
+/// The W3C header parsers and writers the carrier codec uses (`traceparent`, `tracestate`,
+/// `baggage`), for a backend or a tool that checks headers itself.
+pub mod w3c {
+    pub use crate::carrier::w3c::{
+        TraceParent, TraceParentError, TraceStateError, format_baggage, format_traceparent,
+        parse_traceparent, parse_tracestate,
+    };
+}
+
 /// Checks a broadcast's arguments the way every backend must, before any communication.
 ///
 /// Returns the root's payload on the root and `None` elsewhere.

@@ -2,7 +2,7 @@
 
 mod json;
 mod scan;
-pub mod w3c;
+pub(crate) mod w3c;
 mod wire;
 
 use std::borrow::Cow;

@@ -141,9 +141,9 @@ pub(crate) struct BenchArgs {
 }
 
 /// A deadline given in seconds on the command line: positive and at most
-/// [`lens::MAX_TIMEOUT`] (a larger one would overflow the clock).
+/// [`lens::backend::MAX_TIMEOUT`] (a larger one would overflow the clock).
 pub(crate) fn secs_arg(name: &str, secs: f64) -> Result<Duration, String> {
     let d = Duration::try_from_secs_f64(secs)
         .map_err(|_| format!("{name} {secs} is not a positive number of seconds"))?;
-    lens::check_timeout(name, d).map_err(|e| e.to_string())
+    lens::backend::check_timeout(name, d).map_err(|e| e.to_string())
 }

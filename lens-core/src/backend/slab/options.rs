@@ -83,7 +83,7 @@ impl SlabOptions {
         self
     }
 
-    /// Sets the deadline of one round (positive, at most [`crate::MAX_TIMEOUT`]).
+    /// Sets the deadline of one round (positive, at most [`crate::backend::MAX_TIMEOUT`]).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -132,7 +132,7 @@ impl SlabOptions {
     /// # Errors
     /// [`Error::Config`] for a slab no larger than its header or over [`MAX_SLAB_BYTES`], a
     /// payload limit over [`MAX_SLAB_BYTES`], a timeout that is zero or over
-    /// [`crate::MAX_TIMEOUT`], or a variable of [`SlabOptions::from_vars`] that did not parse.
+    /// [`crate::backend::MAX_TIMEOUT`], or a variable of [`SlabOptions::from_vars`] that did not parse.
     pub fn check(&self, what: &str) -> Result<()> {
         if let Some((_, e)) = self.env_errors.first() {
             return Err(Error::config(e.clone()));
