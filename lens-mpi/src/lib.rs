@@ -68,9 +68,9 @@ use transport::{Mode, Mpi};
 const BACKEND: &str = "mpi";
 const MAGIC: [u8; 4] = *b"LNSM";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
-pub const HEADER: usize = slab::HEADER_LEN;
+pub const SLAB_HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes (see [`slab::DEFAULT_SLAB_SIZE`] for why 256).
-pub const DEFAULT_SLAB: usize = slab::DEFAULT_SLAB_SIZE;
+pub const DEFAULT_SLAB_SIZE: usize = slab::DEFAULT_SLAB_SIZE;
 /// Default deadline of a round.
 pub const DEFAULT_TIMEOUT: Duration = slab::DEFAULT_TIMEOUT;
 
@@ -199,7 +199,7 @@ impl MpiBroadcasterBuilder {
         self
     }
 
-    /// Slab size in bytes, header included (default [`DEFAULT_SLAB`]; variable
+    /// Slab size in bytes, header included (default [`DEFAULT_SLAB_SIZE`]; variable
     /// [`env::SLAB_SIZE`]). Every rank of the communicator must use the same size.
     pub fn slab_size(mut self, bytes: usize) -> Self {
         self.opts = self.opts.slab_size(bytes);

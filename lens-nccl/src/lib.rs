@@ -69,9 +69,9 @@ pub use probe::{Probe, probe};
 use lens_core::backend::slab;
 
 /// Bytes of the slab header: marker, slab size, payload length, format version.
-pub const HEADER: usize = slab::HEADER_LEN;
+pub const SLAB_HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes.
-pub const DEFAULT_SLAB: usize = slab::DEFAULT_SLAB_SIZE;
+pub const DEFAULT_SLAB_SIZE: usize = slab::DEFAULT_SLAB_SIZE;
 /// Default deadline of a round.
 pub const DEFAULT_TIMEOUT: std::time::Duration = slab::DEFAULT_TIMEOUT;
 /// Bytes of an NCCL unique id.

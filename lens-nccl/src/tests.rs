@@ -39,11 +39,19 @@ fn aborted(log: &Arc<Mutex<SimLog>>) -> bool {
 fn conformance_on_simulated_gpus() {
     // (why, slab size of every rank, ranks)
     let rows = [
-        ("one rank, as on a single-GPU machine", DEFAULT_SLAB, 1),
-        ("two ranks, default slab", DEFAULT_SLAB, 2),
-        ("four ranks, default slab", DEFAULT_SLAB, 4),
-        ("one-byte slab: nearly every payload spills", HEADER + 1, 3),
-        ("large slab: nothing spills below 4 KiB", HEADER + 4096, 2),
+        ("one rank, as on a single-GPU machine", DEFAULT_SLAB_SIZE, 1),
+        ("two ranks, default slab", DEFAULT_SLAB_SIZE, 2),
+        ("four ranks, default slab", DEFAULT_SLAB_SIZE, 4),
+        (
+            "one-byte slab: nearly every payload spills",
+            SLAB_HEADER + 1,
+            3,
+        ),
+        (
+            "large slab: nothing spills below 4 KiB",
+            SLAB_HEADER + 4096,
+            2,
+        ),
     ];
     for (why, slab, n) in rows {
         let (ranks, logs) = group(&vec![slab; n], &[], Duration::from_secs(20));
@@ -56,7 +64,7 @@ fn conformance_on_simulated_gpus() {
 
 #[test]
 fn spill_buffer_is_kept_between_rounds() {
-    let (ranks, logs) = group(&[DEFAULT_SLAB; 2], &[], Duration::from_secs(20));
+    let (ranks, logs) = group(&[DEFAULT_SLAB_SIZE; 2], &[], Duration::from_secs(20));
     on_each(&ranks, |b| {
         let raw = pattern(0, 0, 1000);
         let big = pattern(1, 0, 5000);
@@ -79,7 +87,7 @@ fn spill_buffer_is_kept_between_rounds() {
 #[test]
 fn a_rank_that_never_calls_times_out_the_others_and_they_abort() {
     let timeout = Duration::from_millis(300);
-    let (ranks, logs) = group(&[DEFAULT_SLAB; 3], &[], timeout);
+    let (ranks, logs) = group(&[DEFAULT_SLAB_SIZE; 3], &[], timeout);
     let got = on_each(&ranks[..2], |b| {
         let t = Instant::now();
         let r = blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"ctx"[..]));
@@ -110,7 +118,7 @@ fn a_rank_that_never_calls_times_out_the_others_and_they_abort() {
 #[test]
 fn a_failed_upload_fails_the_root_and_closes_it() {
     let (ranks, logs) = group(
-        &[DEFAULT_SLAB; 2],
+        &[DEFAULT_SLAB_SIZE; 2],
         &[SimFault::FailUpload(1)],
         Duration::from_millis(300),
     );
@@ -134,7 +142,7 @@ fn a_failed_upload_fails_the_root_and_closes_it() {
 #[test]
 fn ranks_with_different_slabs_are_told_and_stop() {
     let (ranks, logs) = group(
-        &[DEFAULT_SLAB, 2 * DEFAULT_SLAB],
+        &[DEFAULT_SLAB_SIZE, 2 * DEFAULT_SLAB_SIZE],
         &[],
         Duration::from_secs(5),
     );
@@ -198,7 +206,7 @@ fn bad_arguments_are_errors_before_any_work() {
     let rows = [
         (
             "slab no larger than the header",
-            NcclOptions::default().slab_size(HEADER),
+            NcclOptions::default().slab_size(SLAB_HEADER),
         ),
         ("empty slab", NcclOptions::default().slab_size(0)),
         (
@@ -222,7 +230,7 @@ fn bad_arguments_are_errors_before_any_work() {
         &NcclOptions::default().slab_size(1),
     ));
     assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
-    let (ranks, logs) = group(&[DEFAULT_SLAB], &[], Duration::from_secs(1));
+    let (ranks, logs) = group(&[DEFAULT_SLAB_SIZE], &[], Duration::from_secs(1));
     let r = ranks[0].raw_broadcast(0, Some(b"four"), 3);
     assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
     let r = ranks[0].raw_broadcast(1, Some(b"four"), 4);

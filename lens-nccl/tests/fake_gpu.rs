@@ -73,7 +73,7 @@ fn in_fake_probe_finds_the_fake() {
 #[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
 fn in_fake_two_gpus_pass_conformance() {
     in_child();
-    for slab in [lens_nccl::DEFAULT_SLAB, lens_nccl::HEADER + 1] {
+    for slab in [lens_nccl::DEFAULT_SLAB_SIZE, lens_nccl::SLAB_HEADER + 1] {
         let ranks = group(2, &NcclOptions::default().slab_size(slab));
         if let Err(f) = run_threads(&ranks, &Options::default().rounds(300)) {
             panic!("slab {slab}: {f:#?}");

@@ -10,7 +10,7 @@ use lens_core::{Broadcaster, Error, Result};
 use crate::addr::{is_loopback, resolve};
 use crate::budget::{Descriptors, listen_queue, unproven_cap};
 use crate::config::{TcpConfig, split_host_port};
-use crate::frame::{Codec, HEADER, MAX_ENDPOINT, NONCE, TAG};
+use crate::frame::{Codec, FRAME_HEADER, MAX_ENDPOINT, NONCE, TAG};
 use crate::group::Group;
 use crate::join::{form_as_hub, join_as_member};
 use crate::keeper::{Keeper, lock};
@@ -83,7 +83,7 @@ impl std::fmt::Debug for Rendezvous {
 /// an ACK or FAIL naming ranks.
 fn max_frame(config: &TcpConfig) -> usize {
     let welcome = NONCE + 2 + MAX_ENDPOINT;
-    HEADER + TAG + config.max_payload.max(welcome).max(4 * config.world_size)
+    FRAME_HEADER + TAG + config.max_payload.max(welcome).max(4 * config.world_size)
 }
 
 impl TcpBroadcaster {

@@ -35,12 +35,12 @@ use sha2::Sha256;
 pub(crate) use crate::message::{Kind, MAX_ENDPOINT, Message, NONCE, Nonce};
 
 pub(crate) const MAGIC: &[u8; 4] = b"LNS2";
-pub(crate) const HEADER: usize = 33;
+pub(crate) const FRAME_HEADER: usize = 33;
 pub(crate) const TAG: usize = 32;
 /// The length prefix before each frame on a connection.
 pub(crate) const PREFIX: usize = 4;
 /// Largest frame a connection may send before it proves the key: a KNOCK or a HELLO.
-pub(crate) const JOIN_FRAME_MAX: usize = HEADER + 4 + NONCE + 2 + MAX_ENDPOINT + TAG;
+pub(crate) const JOIN_FRAME_MAX: usize = FRAME_HEADER + 4 + NONCE + 2 + MAX_ENDPOINT + TAG;
 
 /// A verified frame: its header, and its message (`message.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl Codec {
         root: u32,
         payload: &[u8],
     ) -> Vec<u8> {
-        let len = HEADER + payload.len() + TAG;
+        let len = FRAME_HEADER + payload.len() + TAG;
         let mut out = Vec::with_capacity(PREFIX + len);
         out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(MAGIC);
@@ -150,14 +150,14 @@ impl Codec {
 
     /// The kind of a frame (without its prefix), from its header alone: no tag check.
     pub(crate) fn peek(bytes: &[u8]) -> Result<Kind, Reject> {
-        if bytes.len() < HEADER + TAG {
+        if bytes.len() < FRAME_HEADER + TAG {
             return Err(Reject::Malformed("too short"));
         }
         if &bytes[..4] != MAGIC {
             return Err(Reject::Malformed("bad magic"));
         }
         let kind = Kind::from_u8(bytes[4]).ok_or(Reject::Malformed("unknown kind"))?;
-        if u32_at(bytes, 29) as usize != bytes.len() - HEADER - TAG {
+        if u32_at(bytes, 29) as usize != bytes.len() - FRAME_HEADER - TAG {
             return Err(Reject::Malformed(
                 "length field disagrees with the frame size",
             ));
@@ -180,7 +180,7 @@ impl Codec {
         let mut mac = self.mac.clone();
         mac.update(body);
         mac.verify_slice(tag).map_err(|_| Reject::BadTag(kind))?;
-        let msg = Message::decode(kind, body[HEADER..].to_vec())
+        let msg = Message::decode(kind, body[FRAME_HEADER..].to_vec())
             .ok_or(Reject::Malformed("a payload that does not fit its kind"))?;
         Ok(Frame {
             sender: u32_at(body, 5),
