@@ -51,6 +51,7 @@
 // `unsafe` is allowed only in `request` and `transport`, which make raw MPI calls.
 
 mod request;
+pub use request::MpiError;
 mod transport;
 
 use std::thread::ThreadId;

@@ -69,11 +69,52 @@ fn bcast_init() -> Option<BcastInit> {
     })
 }
 
+/// An MPI call that failed: its name, its error code and the library's text for the code
+/// (`MPI_Error_string`). Kept as the `source` of the [`Error::Transport`] lens returns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed with MPI error {code}: {text}")]
+pub struct MpiError {
+    /// The MPI function.
+    pub call: String,
+    /// The code it returned.
+    pub code: i32,
+    /// What the library says the code means.
+    pub text: String,
+}
+
+fn error_text(rc: c_int) -> String {
+    let (mut up, mut down): (c_int, c_int) = (0, 0);
+    // SAFETY: both may be called at any time, before MPI_Init and after MPI_Finalize.
+    unsafe {
+        ffi::MPI_Initialized(&mut up);
+        ffi::MPI_Finalized(&mut down);
+    }
+    // Outside MPI's life the library may abort the process for asking.
+    if up == 0 || down != 0 {
+        return "MPI is not running, so it cannot say".to_owned();
+    }
+    let mut buf = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING bytes, as MPI_Error_string requires;
+    // `len` receives how many it wrote.
+    let rc2 = unsafe { ffi::MPI_Error_string(rc, buf.as_mut_ptr().cast(), &mut len) };
+    if rc2 != 0 {
+        return "no text for this code".to_owned();
+    }
+    buf.truncate(usize::try_from(len).unwrap_or(0).min(buf.len()));
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 fn mpi_error(call: &str, rc: c_int) -> Error {
+    let cause = MpiError {
+        call: call.to_owned(),
+        code: rc,
+        text: error_text(rc),
+    };
     Error::Transport {
         backend: BACKEND,
-        message: format!("{call} failed with code {rc}"),
-        source: None,
+        message: format!("{call} failed"),
+        source: Some(Box::new(cause)),
     }
 }
 
@@ -351,5 +392,32 @@ fn wait_all(requests: &mut [ffi::MPI_Request], round: &Round) -> Result<bool> {
         if now - round.started() > SPIN_FOR {
             std::thread::sleep(PAUSE);
         }
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn an_mpi_failure_keeps_the_call_code_and_text_as_its_source() {
+        let e = mpi_error("MPI_Ibcast", 13);
+        let Error::Transport {
+            source: Some(source),
+            ..
+        } = &e
+        else {
+            panic!("not a transport error with a source: {e:?}")
+        };
+        let cause = source.downcast_ref::<MpiError>().expect("an MpiError");
+        assert_eq!((cause.call.as_str(), cause.code), ("MPI_Ibcast", 13));
+        assert!(!cause.text.is_empty());
+        // The cause is printed once: in the source, not again in the message.
+        assert_eq!(e.to_string().matches("13").count(), 0, "{e}");
+        assert!(
+            cause
+                .to_string()
+                .contains("MPI_Ibcast failed with MPI error 13")
+        );
     }
 }
