@@ -80,11 +80,10 @@ if [ "$pyver" = "3.13" ]; then pip_q "nemo-lens==0.1.0"; fi
 # Built as a user would (pip, maturin, release); no build isolation, so maturin comes from
 # the venv instead of a second download.
 PATH="$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
-# The Rust ranks of the mixed Python/Rust job (the test step built the example only as a
-# test harness).
-mixed_rank=$(cargo build -p lens --all-features --example mixed_rank --message-format=json 2>/dev/null \
-  | grep '"src_path":"[^"]*lens/examples/mixed_rank.rs"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n 1)
-[ -x "$mixed_rank" ] || { echo "test.sh: the mixed_rank example was not found" >&2; exit 1; }
+# The Rust ranks of the mixed Python/Rust job: cargo puts an example at a fixed path.
+cargo build -q -p lens --all-features --example mixed_rank
+mixed_rank="$PWD/target/debug/examples/mixed_rank"
+[ -x "$mixed_rank" ] || { echo "test.sh: the mixed_rank example was not found at $mixed_rank" >&2; exit 1; }
 LENS_MIXED_RANK_BIN="$mixed_rank" timeout 600 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider lens-py/tests
 
 step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c)"
@@ -92,13 +91,10 @@ fake_gpu=$(mktemp -d)
 trap 'rm -rf "$fake_gpu"' EXIT
 cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
 for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2 libnvidia-ml.so.1; do ln -s libfakegpu.so "$fake_gpu/$name"; done
-# The NCCL test binary of the test step above (same flags: nothing rebuilds), run with the
-# fake on its loader path.
-nccl_tests=$(cargo test --workspace --all-targets --all-features --no-run --message-format=json 2>/dev/null \
-  | grep '"src_path":"[^"]*lens-nccl/tests/nccl.rs"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n 1)
-[ -x "$nccl_tests" ] || { echo "test.sh: the NCCL test binary was not found" >&2; exit 1; }
+# The NCCL tests of the test step above (same flags: nothing rebuilds), with the fake on the
+# loader's path; cargo and rustc load neither libcuda nor libnccl.
 LD_LIBRARY_PATH="$fake_gpu" LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR="$fake_gpu" \
-  timeout 300 "$nccl_tests" --include-ignored
+  timeout 300 cargo test -q --workspace --all-features --test nccl -- --include-ignored
 
 step "doc tests"
 timeout 600 cargo test --workspace --doc --all-features
