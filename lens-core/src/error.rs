@@ -140,6 +140,21 @@ impl Error {
         }
     }
 
+    /// `e` as a configuration error about `what` (a variable, a setting): a
+    /// [`Error::Config`] gets `what` in front of its reason, so the chain reads
+    /// "invalid configuration: WHAT: reason" once, never nested; any other error keeps its
+    /// text after `what`.
+    pub fn config_of(what: impl std::fmt::Display, e: Error) -> Self {
+        match e {
+            Error::Config { reason } => Error::Config {
+                reason: format!("{what}: {reason}"),
+            },
+            other => Error::Config {
+                reason: format!("{what}: {other}"),
+            },
+        }
+    }
+
     /// Builds a [`Error::Transport`] that keeps `source`.
     pub fn transport(
         backend: &'static str,

@@ -312,3 +312,22 @@ fn job_and_run_ids_from_the_launchers() {
         assert_eq!(info.run_id.as_deref(), *run, "{why}");
     }
 }
+
+/// A configuration error wrapped with the setting it is about reads "invalid configuration"
+/// once.
+#[test]
+fn configuration_errors_do_not_nest() {
+    let inner = Error::config("\"10s\" is not a whole number of milliseconds");
+    let outer = Error::config_of("OTEL_EXPORTER_OTLP_TIMEOUT", inner);
+    let text = outer.to_string();
+    assert_eq!(text.matches("invalid configuration").count(), 1, "{text}");
+    assert!(
+        text.contains("OTEL_EXPORTER_OTLP_TIMEOUT: \"10s\""),
+        "{text}"
+    );
+    let twice = Error::config_of("rank 3", outer);
+    assert_eq!(
+        twice.to_string().matches("invalid configuration").count(),
+        1
+    );
+}

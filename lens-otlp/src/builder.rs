@@ -340,7 +340,7 @@ impl OtlpBuilder {
     /// built.
     pub fn build(self) -> Result<OtlpGuard> {
         if let Some((var, e)) = self.env_errors.into_iter().next() {
-            return Err(Error::config(format!("{var}: {e}")));
+            return Err(Error::config_of(var, e));
         }
         let protocol = match (self.protocol, self.lookup_protocol) {
             (Some(p), _) => p,

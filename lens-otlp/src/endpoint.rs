@@ -78,7 +78,7 @@ pub(crate) fn protocol_from(
         env::OTEL_EXPORTER_OTLP_PROTOCOL,
     ] {
         if let Some(v) = lookup(name).filter(|v| !v.trim().is_empty()) {
-            return Protocol::parse(&v).map_err(|e| Error::config(format!("{name}: {e}")));
+            return Protocol::parse(&v).map_err(|e| Error::config_of(name, e));
         }
     }
     Ok(Protocol::default())
