@@ -57,6 +57,7 @@ mod transport;
 use std::thread::ThreadId;
 use std::time::Duration;
 
+use lens_core::backend::EnvErrors;
 use lens_core::backend::slab::{self, SlabGroup, SlabOptions, SlabVars};
 use lens_core::{Broadcaster, Error, Result};
 use mpi::environment::Threading;
@@ -128,8 +129,10 @@ impl std::fmt::Debug for MpiBroadcaster {
 pub struct MpiBroadcasterBuilder {
     comm: SimpleCommunicator,
     opts: SlabOptions,
-    persistent: std::result::Result<bool, String>,
-    direct_max: std::result::Result<usize, String>,
+    persistent: bool,
+    direct_max: usize,
+    /// Variables that did not parse (lens-core's one rule: code clears them).
+    env_errors: EnvErrors,
 }
 
 impl std::fmt::Debug for MpiBroadcasterBuilder {
@@ -138,9 +141,14 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
             .field("opts", &self.opts)
             .field("persistent", &self.persistent)
             .field("direct_max", &self.direct_max)
+            .field("env_errors", &self.env_errors)
             .finish_non_exhaustive()
     }
 }
+
+/// The settings' names under which their variables' errors are kept.
+const PERSISTENT: &str = "persistent";
+const DIRECT_MAX: &str = "direct_max";
 
 /// The value of [`env::PERSISTENT`]: on unless it says off.
 fn persistent_from(value: Option<&str>) -> std::result::Result<bool, String> {
@@ -174,12 +182,17 @@ impl MpiBroadcasterBuilder {
     /// that field.
     pub fn from_env(comm: SimpleCommunicator) -> Self {
         let var = |name: &str| std::env::var(name).ok();
-        MpiBroadcasterBuilder {
-            comm,
-            opts: SlabOptions::from_vars(&VARS, var),
-            persistent: persistent_from(var(env::PERSISTENT).as_deref()),
-            direct_max: direct_max_from(var(env::DIRECT_MAX).as_deref()),
+        let mut b = MpiBroadcaster::builder(comm);
+        b.opts = SlabOptions::from_vars(&VARS, var);
+        match persistent_from(var(env::PERSISTENT).as_deref()) {
+            Ok(on) => b.persistent = on,
+            Err(e) => b.env_errors.note(PERSISTENT, e),
         }
+        match direct_max_from(var(env::DIRECT_MAX).as_deref()) {
+            Ok(n) => b.direct_max = n,
+            Err(e) => b.env_errors.note(DIRECT_MAX, e),
+        }
+        b
     }
 
     /// Largest group in which each round is direct sends from the root to every other rank
@@ -187,7 +200,8 @@ impl MpiBroadcasterBuilder {
     /// [`DEFAULT_DIRECT_MAX`]; `0` or `1` never; variable [`env::DIRECT_MAX`]). Every rank
     /// of the communicator must use the same value.
     pub fn direct_up_to(mut self, ranks: usize) -> Self {
-        self.direct_max = Ok(ranks);
+        self.direct_max = ranks;
+        self.env_errors.clear(DIRECT_MAX);
         self
     }
 
@@ -196,7 +210,8 @@ impl MpiBroadcasterBuilder {
     /// MPI's `MPIX_Bcast_init`; default, and used only where the library has one) or started
     /// afresh with `MPI_Ibcast`; variable [`env::PERSISTENT`].
     pub fn persistent(mut self, on: bool) -> Self {
-        self.persistent = Ok(on);
+        self.persistent = on;
+        self.env_errors.clear(PERSISTENT);
         self
     }
 
@@ -240,8 +255,8 @@ impl MpiBroadcasterBuilder {
             usize::try_from(rank).unwrap_or_default(),
             usize::try_from(size).unwrap_or(1),
         );
-        let persistent = self.persistent.map_err(Error::config)?;
-        let direct_max = self.direct_max.map_err(Error::config)?;
+        self.env_errors.check()?;
+        let (persistent, direct_max) = (self.persistent, self.direct_max);
         let mode = if me.1 > 1 && me.1 <= direct_max {
             Mode::Direct
         } else if persistent && request::has_bcast_init() {
@@ -277,8 +292,9 @@ impl MpiBroadcaster {
         MpiBroadcasterBuilder {
             comm,
             opts: SlabOptions::default(),
-            persistent: Ok(true),
-            direct_max: Ok(DEFAULT_DIRECT_MAX),
+            persistent: true,
+            direct_max: DEFAULT_DIRECT_MAX,
+            env_errors: EnvErrors::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use lens_core::Result;
+use lens_core::backend::EnvErrors;
 use lens_core::backend::slab::{SlabOptions, SlabVars};
 
 /// Names of the variables [`NcclOptions::from_env`] reads.
@@ -40,15 +41,18 @@ pub struct NcclOptions {
     /// [`DEFAULT_INIT_TIMEOUT`]): NCCL's init waits for every rank with no deadline of its own.
     pub init_timeout: Duration,
     /// An [`env::INIT_TIMEOUT`] that did not parse, reported by `check` unless code set it.
-    init_env_error: Option<String>,
+    env_errors: EnvErrors,
 }
+
+/// The setting its variable's error is kept under.
+const INIT_TIMEOUT: &str = "init_timeout";
 
 impl Default for NcclOptions {
     fn default() -> Self {
         NcclOptions {
             slab: SlabOptions::default(),
             init_timeout: DEFAULT_INIT_TIMEOUT,
-            init_env_error: None,
+            env_errors: EnvErrors::default(),
         }
     }
 }
@@ -73,7 +77,7 @@ impl NcclOptions {
         if let Some(text) = get(env::INIT_TIMEOUT) {
             match lens_core::backend::parse_timeout_secs(env::INIT_TIMEOUT, &text) {
                 Ok(d) => opts.init_timeout = d,
-                Err(e) => opts.init_env_error = Some(e.to_string()),
+                Err(e) => opts.env_errors.note_error(INIT_TIMEOUT, e),
             }
         }
         opts
@@ -105,14 +109,12 @@ impl NcclOptions {
     #[must_use]
     pub fn init_timeout(mut self, timeout: Duration) -> Self {
         self.init_timeout = timeout;
-        self.init_env_error = None;
+        self.env_errors.clear(INIT_TIMEOUT);
         self
     }
 
     pub(crate) fn check(&self) -> Result<()> {
-        if let Some(e) = &self.init_env_error {
-            return Err(lens_core::Error::config(e.clone()));
-        }
+        self.env_errors.check()?;
         self.slab.check(crate::probe::BACKEND)?;
         lens_core::backend::check_timeout("the NCCL init timeout", self.init_timeout)?;
         Ok(())

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
-use lens_core::backend::parse_timeout_secs;
+use lens_core::backend::{EnvErrors, parse_timeout_secs};
 use lens_core::{Error, RankInfo, Result};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
@@ -33,6 +33,9 @@ impl std::fmt::Debug for AlsoExport {
         write!(f, "{} extra exporter(s)", self.0.len())
     }
 }
+
+/// The key the protocol variables' error is kept under (either of the two variables).
+const PROTOCOL: &str = "protocol";
 
 /// The variables resource detection reads, as `lookup` has them.
 fn detected(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
@@ -78,8 +81,9 @@ pub struct OtlpBuilder {
     detect: Vec<(&'static str, String)>,
     /// A variable that did not parse, or that lens cannot honour; reported by `build`
     /// unless code set the field.
-    env_errors: Vec<(&'static str, Error)>,
-    lookup_protocol: Option<Result<Protocol, String>>,
+    env_errors: EnvErrors,
+    /// The protocol the variables chose, when they chose one.
+    env_protocol: Option<Protocol>,
 }
 
 impl OtlpBuilder {
@@ -105,8 +109,8 @@ impl OtlpBuilder {
             headers: Vec::new(),
             tls: TlsFiles::default(),
             detect: detected(&|k| std::env::var(k).ok()),
-            env_errors: Vec::new(),
-            lookup_protocol: Some(Ok(Protocol::default())),
+            env_errors: EnvErrors::default(),
+            env_protocol: None,
         }
     }
 
@@ -124,13 +128,16 @@ impl OtlpBuilder {
     /// [`OtlpBuilder::from_env`] with a custom lookup.
     pub fn from_vars(info: RankInfo, lookup: impl Fn(&str) -> Option<String>) -> Self {
         let mut b = Self::new(info);
-        b.lookup_protocol = Some(protocol_from(None, &lookup).map_err(|e| e.to_string()));
+        match protocol_from(None, &lookup) {
+            Ok(p) => b.env_protocol = Some(p),
+            Err(e) => b.env_errors.note_error(PROTOCOL, e),
+        }
         b.endpoint = endpoint_from_vars(&lookup);
         b.service_name = lookup(env::OTEL_SERVICE_NAME).filter(|s| !s.trim().is_empty());
         if let Some(text) = lookup(env::LENS_OTLP_EXPORT_RANKS) {
             match ExportRanks::parse(&text) {
                 Ok(r) => b.export_ranks = r,
-                Err(e) => b.env_errors.push((env::LENS_OTLP_EXPORT_RANKS, e)),
+                Err(e) => b.note(env::LENS_OTLP_EXPORT_RANKS, e),
             }
         }
         b.detect = detected(&lookup);
@@ -141,24 +148,34 @@ impl OtlpBuilder {
         b.gzip = v.gzip.unwrap_or(b.gzip);
         b.headers = v.headers;
         b.tls = v.tls;
-        b.env_errors.extend(v.errors);
+        for (var, e) in v.errors {
+            b.note(var, e);
+        }
         if let Some(text) = lookup(env::LENS_OTLP_TIMEOUT) {
             match parse_timeout_secs(env::LENS_OTLP_TIMEOUT, &text) {
                 Ok(t) => b.timeout = t,
-                Err(e) => b.env_errors.push((env::LENS_OTLP_TIMEOUT, e)),
+                Err(e) => b.note(env::LENS_OTLP_TIMEOUT, e),
             }
         }
         b
     }
 
     /// Code set the field these variables configure: their errors no longer count.
-    fn code_sets(&mut self, vars: &[&str]) {
-        self.env_errors.retain(|(v, _)| !vars.contains(v));
+    fn code_sets(&mut self, vars: &[&'static str]) {
+        for var in vars {
+            self.env_errors.clear(var);
+        }
+    }
+
+    /// The variable `var` did not parse: kept (named) until code sets its field.
+    fn note(&mut self, var: &'static str, e: Error) {
+        self.env_errors.note_error(var, Error::config_of(var, e));
     }
 
     /// The protocol (`grpc` or `http/protobuf`); variable
     /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then `OTEL_EXPORTER_OTLP_PROTOCOL`.
     pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.env_errors.clear(PROTOCOL);
         self.protocol = Some(protocol);
         self
     }
@@ -248,10 +265,10 @@ impl OtlpBuilder {
                 self.headers.retain(|(have, _)| *have != n);
                 self.headers.push((n, v));
             }
-            Err(what) => self.env_errors.push((
+            Err(what) => self.env_errors.note(
                 "OtlpBuilder::header",
-                Error::config(format!("the {what} of header {name:?} is not valid")),
-            )),
+                format!("OtlpBuilder::header: the {what} of header {name:?} is not valid"),
+            ),
         }
         self
     }
@@ -339,15 +356,8 @@ impl OtlpBuilder {
     /// cannot decide, or a bad endpoint; [`Error::Transport`] when the exporter cannot be
     /// built.
     pub fn build(self) -> Result<OtlpGuard> {
-        if let Some((var, e)) = self.env_errors.into_iter().next() {
-            return Err(Error::config_of(var, e));
-        }
-        let protocol = match (self.protocol, self.lookup_protocol) {
-            (Some(p), _) => p,
-            (None, Some(Ok(p))) => p,
-            (None, Some(Err(e))) => return Err(Error::config(e)),
-            (None, None) => Protocol::default(),
-        };
+        self.env_errors.check()?;
+        let protocol = self.protocol.or(self.env_protocol).unwrap_or_default();
         let timeout = lens_core::backend::check_timeout("OTLP export timeout", self.timeout)?;
         let shutdown_timeout = self.shutdown_timeout.unwrap_or(timeout);
         let exporting = !self.disabled && self.export_ranks.selects(&self.info)?;

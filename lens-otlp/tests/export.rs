@@ -336,6 +336,11 @@ fn a_bad_variable_is_an_error_naming_it_unless_code_overrides_it() {
             .build()
             .expect_err("a bad value is refused");
         assert!(err.to_string().contains(named), "{var}={value}: {err}");
+        assert_eq!(
+            err.to_string().matches("invalid configuration").count(),
+            1,
+            "said once: {err}"
+        );
     }
     let lookup = |k: &str| (k == env::LENS_OTLP_EXPORT_RANKS).then(|| "half".to_owned());
     let guard = OtlpBuilder::from_vars(RankInfo::single(), lookup)

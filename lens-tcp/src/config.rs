@@ -1,10 +1,9 @@
 //! Configuration of a TCP group: a builder that can start from the environment.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use lens_core::backend::{check_timeout, parse_timeout_secs};
+use lens_core::backend::{EnvErrors, check_timeout, parse_timeout_secs};
 use lens_core::{Error, RankInfo, Result};
 
 use crate::{env, key};
@@ -124,7 +123,7 @@ pub struct TcpConfigBuilder {
     fan_out: Option<usize>,
     advertise_host: Option<String>,
     /// Malformed environment settings, by field; a setter for the field clears its entry.
-    env_errors: BTreeMap<&'static str, Error>,
+    env_errors: EnvErrors,
 }
 
 impl fmt::Debug for TcpConfigBuilder {
@@ -173,7 +172,7 @@ impl TcpConfigBuilder {
                 b.local_rank = info.local_rank;
             }
             Err(e) => {
-                b.env_errors.insert("rank", e);
+                b.env_errors.note_error("rank", e);
             }
         }
         match (
@@ -195,14 +194,14 @@ impl TcpConfigBuilder {
             Ok(Some(k)) => b.key = Some(k),
             Ok(None) => {}
             Err(e) => {
-                b.env_errors.insert("key", e);
+                b.env_errors.note_error("key", e);
             }
         }
         let mut secs = |var: &'static str, field: &'static str| match text(var) {
             Some(t) => match parse_timeout_secs(var, &t) {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    b.env_errors.insert(field, e);
+                    b.env_errors.note_error(field, e);
                     None
                 }
             },
@@ -216,9 +215,9 @@ impl TcpConfigBuilder {
             match k.trim().parse::<usize>() {
                 Ok(k) => b.fan_out = Some(k),
                 Err(_) => {
-                    b.env_errors.insert(
+                    b.env_errors.note(
                         "fan_out",
-                        Error::config(format!("{}={k:?} is not a whole number", env::FAN_OUT)),
+                        format!("{}={k:?} is not a whole number", env::FAN_OUT),
                     );
                 }
             }
@@ -230,7 +229,7 @@ impl TcpConfigBuilder {
     /// This rank (environment: `RANK`, `SLURM_PROCID`, … via [`RankInfo::from_env`]).
     pub fn rank(mut self, rank: usize) -> Self {
         self.rank = Some(rank);
-        self.env_errors.remove("rank");
+        self.env_errors.clear("rank");
         self
     }
 
@@ -245,7 +244,7 @@ impl TcpConfigBuilder {
     /// The group size (environment: `WORLD_SIZE`, `SLURM_NTASKS`, …).
     pub fn world_size(mut self, n: usize) -> Self {
         self.world_size = Some(n);
-        self.env_errors.remove("rank");
+        self.env_errors.clear("rank");
         self
     }
 
@@ -262,7 +261,7 @@ impl TcpConfigBuilder {
     /// [`env::KEY`] or [`env::KEY_FILE`]).
     pub fn key(mut self, key: impl AsRef<[u8]>) -> Self {
         self.key = Some(key.as_ref().to_vec());
-        self.env_errors.remove("key");
+        self.env_errors.clear("key");
         self
     }
 
@@ -270,7 +269,7 @@ impl TcpConfigBuilder {
     /// [`env::TIMEOUT`]).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
-        self.env_errors.remove("timeout");
+        self.env_errors.clear("timeout");
         self
     }
 
@@ -278,7 +277,7 @@ impl TcpConfigBuilder {
     /// [`DEFAULT_JOIN_TIMEOUT`]; environment: [`env::JOIN_TIMEOUT`]).
     pub fn join_timeout(mut self, d: Duration) -> Self {
         self.join_timeout = Some(d);
-        self.env_errors.remove("join_timeout");
+        self.env_errors.clear("join_timeout");
         self
     }
 
@@ -294,7 +293,7 @@ impl TcpConfigBuilder {
     /// must use the same value.
     pub fn fan_out(mut self, k: usize) -> Self {
         self.fan_out = Some(k);
-        self.env_errors.remove("fan_out");
+        self.env_errors.clear("fan_out");
         self
     }
 
@@ -314,9 +313,7 @@ impl TcpConfigBuilder {
     /// that is not `host:port`, or a timeout that is zero or over
     /// [`lens_core::backend::MAX_TIMEOUT`].
     pub fn build(self) -> Result<TcpConfig> {
-        if let Some((_, e)) = self.env_errors.into_iter().next() {
-            return Err(e);
-        }
+        self.env_errors.check()?;
         let world_size = self
             .world_size
             .ok_or_else(|| Error::config("world size is required (WORLD_SIZE or world_size)"))?;

@@ -10,7 +10,10 @@
 use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
 
+mod settings;
 pub mod slab;
+
+pub use settings::EnvErrors;
 
 pub use crate::broadcaster::{MAX_TIMEOUT, check_timeout, parse_timeout_secs};
 /// The W3C header parsers and writers the carrier codec uses (`traceparent`, `tracestate`,

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::backend::EnvErrors;
 use crate::broadcaster::{DEFAULT_MAX_PAYLOAD, check_timeout, parse_timeout_secs};
 use crate::error::{Error, Result};
 
@@ -41,7 +42,7 @@ pub struct SlabOptions {
     pub max_payload: usize,
     /// Variables that could not be read, reported by [`SlabOptions::check`] unless code set
     /// the field since.
-    env_errors: Vec<(Field, String)>,
+    env_errors: EnvErrors,
 }
 
 impl Default for SlabOptions {
@@ -50,17 +51,14 @@ impl Default for SlabOptions {
             slab_size: DEFAULT_SLAB_SIZE,
             timeout: DEFAULT_TIMEOUT,
             max_payload: DEFAULT_MAX_PAYLOAD,
-            env_errors: Vec::new(),
+            env_errors: EnvErrors::default(),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    SlabSize,
-    Timeout,
-    MaxPayload,
-}
+const SLAB_SIZE: &str = "slab_size";
+const TIMEOUT: &str = "timeout";
+const MAX_PAYLOAD: &str = "max_payload";
 
 /// The names of a backend's variables for [`SlabOptions::from_vars`].
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +77,7 @@ impl SlabOptions {
     #[must_use]
     pub fn slab_size(mut self, bytes: usize) -> Self {
         self.slab_size = bytes;
-        self.env_errors.retain(|(f, _)| *f != Field::SlabSize);
+        self.env_errors.clear(SLAB_SIZE);
         self
     }
 
@@ -87,7 +85,7 @@ impl SlabOptions {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self.env_errors.retain(|(f, _)| *f != Field::Timeout);
+        self.env_errors.clear(TIMEOUT);
         self
     }
 
@@ -95,7 +93,7 @@ impl SlabOptions {
     #[must_use]
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
-        self.env_errors.retain(|(f, _)| *f != Field::MaxPayload);
+        self.env_errors.clear(MAX_PAYLOAD);
         self
     }
 
@@ -104,23 +102,23 @@ impl SlabOptions {
     /// may still override the setting.
     pub fn from_vars(vars: &SlabVars, get: impl Fn(&str) -> Option<String>) -> Self {
         let mut opts = SlabOptions::default();
-        let mut errors = Vec::new();
-        let mut bytes = |field: Field, name: &str, into: &mut usize| {
+        let mut errors = EnvErrors::default();
+        let mut bytes = |setting: &'static str, name: &str, into: &mut usize| {
             if let Some(text) = get(name) {
                 match text.trim().parse() {
                     Ok(v) => *into = v,
                     Err(_) => {
-                        errors.push((field, format!("{name}={text:?} is not a number of bytes")))
+                        errors.note(setting, format!("{name}={text:?} is not a number of bytes"))
                     }
                 }
             }
         };
-        bytes(Field::SlabSize, vars.slab_size, &mut opts.slab_size);
-        bytes(Field::MaxPayload, vars.max_payload, &mut opts.max_payload);
+        bytes(SLAB_SIZE, vars.slab_size, &mut opts.slab_size);
+        bytes(MAX_PAYLOAD, vars.max_payload, &mut opts.max_payload);
         if let Some(text) = get(vars.timeout) {
             match parse_timeout_secs(vars.timeout, &text) {
                 Ok(d) => opts.timeout = d,
-                Err(e) => errors.push((Field::Timeout, e.to_string())),
+                Err(e) => errors.note_error(TIMEOUT, e),
             }
         }
         opts.env_errors = errors;
@@ -134,9 +132,7 @@ impl SlabOptions {
     /// payload limit over [`MAX_SLAB_BYTES`], a timeout that is zero or over
     /// [`crate::backend::MAX_TIMEOUT`], or a variable of [`SlabOptions::from_vars`] that did not parse.
     pub fn check(&self, what: &str) -> Result<()> {
-        if let Some((_, e)) = self.env_errors.first() {
-            return Err(Error::config(e.clone()));
-        }
+        self.env_errors.check()?;
         if self.slab_size <= HEADER_LEN || self.slab_size > MAX_SLAB_BYTES {
             return Err(Error::config(format!(
                 "{what} slab size {} must be over the {HEADER_LEN}-byte header and at most {MAX_SLAB_BYTES}",

@@ -1,0 +1,84 @@
+//! One rule for every builder's settings: code, then the environment, then the default. A
+//! variable that does not parse is not an error at once: it is kept under the setting it is
+//! about, code that sets the setting drops it, and the builder reports the first one left
+//! when it builds. TCP, MPI, NCCL, the slab options and OTLP all keep them here.
+
+use crate::error::{Error, Result};
+
+/// Variables that did not parse, each under its setting, in the order they were read.
+///
+/// ```
+/// use lens_core::backend::EnvErrors;
+///
+/// let mut errors = EnvErrors::default();
+/// errors.note("timeout", "LENS_TCP_TIMEOUT=\"soon\" is not a number of seconds");
+/// assert!(errors.check().is_err());
+/// errors.clear("timeout"); // code set the timeout: the variable no longer matters
+/// assert!(errors.check().is_ok());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvErrors(Vec<(&'static str, String)>);
+
+impl EnvErrors {
+    /// Keeps why the variable of `setting` did not parse (replacing an earlier reason).
+    pub fn note(&mut self, setting: &'static str, reason: impl std::fmt::Display) {
+        self.clear(setting);
+        self.0.push((setting, reason.to_string()));
+    }
+
+    /// Keeps `e` under `setting`: a [`Error::Config`]'s reason as it is, any other error's
+    /// text.
+    pub fn note_error(&mut self, setting: &'static str, e: Error) {
+        match e {
+            Error::Config { reason } => self.note(setting, reason),
+            other => self.note(setting, other),
+        }
+    }
+
+    /// Code set `setting`: its variable's error no longer counts.
+    pub fn clear(&mut self, setting: &'static str) {
+        self.0.retain(|(s, _)| *s != setting);
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The first error kept, as an [`Error::Config`].
+    ///
+    /// # Errors
+    /// [`Error::Config`] with the first reason kept.
+    pub fn check(&self) -> Result<()> {
+        match self.0.first() {
+            Some((_, reason)) => Err(Error::config(reason.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_error_left_is_reported_and_code_clears_its_setting() {
+        let mut e = EnvErrors::default();
+        assert!(e.check().is_ok() && e.is_empty());
+        e.note("a", "A is bad");
+        e.note_error("b", Error::config("B is bad"));
+        e.note("a", "A is worse");
+        // "a" was noted again: it moved behind "b".
+        let text = e.check().expect_err("errors kept").to_string();
+        assert_eq!(text, "invalid configuration: B is bad", "no nesting");
+        e.clear("b");
+        assert!(
+            e.check()
+                .expect_err("a is left")
+                .to_string()
+                .ends_with("A is worse")
+        );
+        e.clear("a");
+        assert!(e.check().is_ok());
+    }
+}
