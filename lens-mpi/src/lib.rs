@@ -361,13 +361,13 @@ impl Broadcaster for MpiBroadcaster {
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         self.check_thread()?;
-        self.group.broadcast_blocking(root, payload)
+        lens_core::blocking::broadcast(&self.group, root, payload)
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         Some(
             self.check_thread()
-                .and_then(|()| self.group.broadcast_blocking(root, payload)),
+                .and_then(|()| lens_core::blocking::broadcast(&self.group, root, payload)),
         )
     }
 }

@@ -261,10 +261,10 @@ impl Broadcaster for NcclBroadcaster {
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        self.group.broadcast_blocking(root, payload)
+        lens_core::blocking::broadcast(&self.group, root, payload)
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
-        Some(self.group.broadcast_blocking(root, payload))
+        Some(lens_core::blocking::broadcast(&self.group, root, payload))
     }
 }

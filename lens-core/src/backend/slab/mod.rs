@@ -280,11 +280,12 @@ impl<T: SlabTransport> SlabGroup<T> {
         result
     }
 
-    /// The blocking body of [`Broadcaster::broadcast`].
+    /// One round, on the calling thread: the body of both [`Broadcaster::broadcast`] and
+    /// [`Broadcaster::broadcast_sync`].
     ///
     /// # Errors
     /// As [`Broadcaster::broadcast`]; [`Error::Closed`] after a failed round.
-    pub fn broadcast_blocking(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+    fn round(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
         let format = self.format;
         let cap = format.capacity();
@@ -332,11 +333,11 @@ impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        self.broadcast_blocking(root, payload)
+        self.round(root, payload)
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
-        Some(self.broadcast_blocking(root, payload))
+        Some(self.round(root, payload))
     }
 }
 
