@@ -9,7 +9,8 @@ blocks with a gloo barrier before each call:
 - ``raw_gloo``: one ``dist.broadcast`` of a 256-byte tensor (one collective: the floor);
 - ``nemo_lens``: NeMo Lens's ``broadcast_trace_context`` (where ``nemo-lens`` is installed);
 - ``lens_torch``: lens's over ``torch_group`` (the world group, no group set: the drop-in);
-- ``lens_tcp``: lens's over ``tcp_group``.
+- ``lens_tcp``: lens's over ``tcp_group``;
+- ``raw_tcp``: the TCP group's own round of a carrier's bytes (lens_tcp less its Python).
 
 Rank 0 holds a span, so every broadcast carries a traceparent. Prints median and p99 (µs)
 and the ratios the README quotes.
@@ -46,6 +47,9 @@ def rank_main(iters: int, blocks: int, warmup: int) -> None:
         pass
     modes.append(("lens_torch", lambda: lens.broadcast_trace_context(rank, 0)))
     modes.append(("lens_tcp", lambda: lens.broadcast_trace_context(rank, 0, group=tcp)))
+    # The TCP group's own round with a carrier's bytes: lens_tcp less the Python around it.
+    payload = lens_trace.encode_carrier({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    modes.append(("raw_tcp", lambda: tcp.broadcast(0, payload if rank == 0 else None)))
     samples = {name: [] for name, _ in modes}
     tracer = TracerProvider().get_tracer("bench")
     with tracer.start_as_current_span("train_step"):
