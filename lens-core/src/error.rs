@@ -63,6 +63,10 @@ pub enum Error {
     },
 
     /// A frame failed authentication.
+    ///
+    /// Here rather than in lens-tcp (its only user today) because a caller acts on it the
+    /// same way whatever the transport: the job key is wrong or a peer is not of this job.
+    /// Code that matches on `lens_core::Error` handles it once, not per backend.
     #[error("unauthenticated frame: {reason}")]
     Unauthenticated {
         /// Why it was rejected.
@@ -111,6 +115,10 @@ pub enum Error {
 
     /// Spans did not reach the trace backend (OTLP export): the receiver was down, slow or
     /// refused them, or the export queue was full.
+    ///
+    /// Here rather than in lens-otlp because the guard's report is the job's, not a
+    /// transport's: a rank's result type stays `lens_core::Result` whether the failure was a
+    /// broadcast or the export, as the demo and the Python package report them.
     #[error("{lost} span(s) were not exported: {reason}")]
     Export {
         /// How many spans were lost.
