@@ -33,7 +33,7 @@ use crate::addr::resolve;
 use crate::frame::{Frame, Nonce};
 use crate::group::{Group, Input, wire};
 use crate::message::Message;
-use crate::net::{BACKEND, ConnId, Side};
+use crate::net::{BACKEND, ConnId, SendFail, Side};
 
 /// A joiner knocks again this often while the server has not answered.
 const KNOCK_RETRY: Duration = Duration::from_secs(1);
@@ -311,9 +311,13 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
             };
             let welcome = g.frame(&welcome, 0, 0);
             if let Err(e) = g.send(&conn, &welcome) {
+                let why = match e {
+                    SendFail::Gone => "its connection is gone",
+                    SendFail::Full => "it does not read: its queue is full",
+                };
                 return Err(Error::Closed {
                     backend: BACKEND,
-                    reason: format!("rank {r} left before the group formed ({e:?})"),
+                    reason: format!("rank {r} left before the group formed ({why})"),
                 });
             }
         }
