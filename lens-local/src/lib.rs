@@ -35,8 +35,9 @@ use futures::future::{Either, select};
 use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result};
 
-/// Default deadline of a local collective.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default deadline of a round of the in-process backend: shorter than the network backends' 30 s,
+/// since its ranks are threads of one process and a late one is a bug in the test or simulation.
+pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Round {
     root: usize,
@@ -85,7 +86,7 @@ impl LocalCluster {
     pub fn new(world_size: usize) -> Self {
         LocalCluster {
             world_size: world_size.max(1),
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_ROUND_TIMEOUT,
             max_payload: DEFAULT_MAX_PAYLOAD,
         }
     }

@@ -74,7 +74,7 @@ pub const SLAB_HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes (see [`slab::DEFAULT_SLAB_SIZE`] for why 256).
 pub const DEFAULT_SLAB_SIZE: usize = slab::DEFAULT_SLAB_SIZE;
 /// Default deadline of a round.
-pub const DEFAULT_TIMEOUT: Duration = slab::DEFAULT_TIMEOUT;
+pub const DEFAULT_ROUND_TIMEOUT: Duration = slab::DEFAULT_ROUND_TIMEOUT;
 
 /// Names of the variables [`MpiBroadcasterBuilder::from_env`] reads.
 pub mod env {
@@ -222,7 +222,7 @@ impl MpiBroadcasterBuilder {
         self
     }
 
-    /// Deadline of each round (default [`DEFAULT_TIMEOUT`]; variable [`env::TIMEOUT`]).
+    /// Deadline of each round (default [`DEFAULT_ROUND_TIMEOUT`]; variable [`env::TIMEOUT`]).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.opts = self.opts.timeout(d);
         self

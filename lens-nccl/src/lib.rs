@@ -73,6 +73,6 @@ pub const SLAB_HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes.
 pub const DEFAULT_SLAB_SIZE: usize = slab::DEFAULT_SLAB_SIZE;
 /// Default deadline of a round.
-pub const DEFAULT_TIMEOUT: std::time::Duration = slab::DEFAULT_TIMEOUT;
+pub const DEFAULT_ROUND_TIMEOUT: std::time::Duration = slab::DEFAULT_ROUND_TIMEOUT;
 /// Bytes of an NCCL unique id.
 pub const ID_LEN: usize = 128;

@@ -46,7 +46,7 @@ fn detected(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<(&'static str, Strin
 }
 
 /// Default bound on one export and on the guard's shutdown.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds a rank's [`OtlpGuard`]: its tracer provider with the rank resource, an OTLP
 /// exporter behind a batch processor when this rank exports, and the counts of what was lost.
@@ -96,7 +96,7 @@ impl OtlpBuilder {
             protocol: None,
             endpoint: None,
             export_ranks: ExportRanks::All,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_EXPORT_TIMEOUT,
             shutdown_timeout: None,
             service_name: None,
             service_version: None,

@@ -59,7 +59,7 @@ mod select;
 mod tls;
 mod vars;
 
-pub use builder::{DEFAULT_TIMEOUT, OtlpBuilder};
+pub use builder::{DEFAULT_EXPORT_TIMEOUT, OtlpBuilder};
 pub use counted::ExportStats;
 pub use endpoint::Protocol;
 pub use guard::OtlpGuard;

@@ -243,7 +243,7 @@ pub(crate) fn local_cluster(world_size: usize, timeout: Option<f64>) -> PyResult
     let timeout = timeout
         .map(|t| seconds("timeout", t))
         .transpose()?
-        .unwrap_or(lens_core::backend::slab::DEFAULT_TIMEOUT);
+        .unwrap_or(lens_core::backend::slab::DEFAULT_ROUND_TIMEOUT);
     Ok(LocalCluster::new(world_size)
         .timeout(timeout)
         .broadcasters()

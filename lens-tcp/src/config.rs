@@ -14,7 +14,7 @@ pub const MIN_KEY_LEN: usize = 16;
 /// every rank, so the limit keeps join frames and memory bounded.
 pub const MAX_WORLD: usize = 1 << 20;
 /// Default deadline of each collective.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time rank 0 waits for every rank to join (and the others for admission).
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -265,7 +265,7 @@ impl TcpConfigBuilder {
         self
     }
 
-    /// Deadline of each collective (default [`DEFAULT_TIMEOUT`]; environment:
+    /// Deadline of each collective (default [`DEFAULT_ROUND_TIMEOUT`]; environment:
     /// [`env::TIMEOUT`]).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
@@ -354,7 +354,10 @@ impl TcpConfigBuilder {
                 key.len()
             )));
         }
-        let timeout = check_timeout("the TCP timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+        let timeout = check_timeout(
+            "the TCP timeout",
+            self.timeout.unwrap_or(DEFAULT_ROUND_TIMEOUT),
+        )?;
         let join_timeout = check_timeout(
             "the TCP join timeout",
             self.join_timeout.unwrap_or(DEFAULT_JOIN_TIMEOUT),

@@ -53,7 +53,8 @@ mod tree;
 
 pub use broadcaster::{Rendezvous, TcpBroadcaster};
 pub use config::{
-    DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig, TcpConfigBuilder,
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_ROUND_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig,
+    TcpConfigBuilder,
 };
 pub use loopback::{LoopbackGroup, loopback_group};
 

@@ -14,7 +14,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvide
 
 use crate::fault::{Fault, Faulty};
 use crate::globals::RankScoped;
-use lens_local::{DEFAULT_TIMEOUT, LocalCluster};
+use lens_local::{DEFAULT_ROUND_TIMEOUT, LocalCluster};
 
 /// What one rank of a [`Cluster`] run is given.
 #[derive(Clone)]
@@ -148,7 +148,7 @@ impl Cluster {
     pub fn builder(world_size: usize) -> ClusterBuilder {
         ClusterBuilder {
             world_size: world_size.max(1),
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_ROUND_TIMEOUT,
             faults: HashMap::new(),
             absent: BTreeSet::new(),
             route_globals: false,

@@ -29,7 +29,7 @@ pub mod process;
 pub use cluster::{CheckError, Cluster, ClusterBuilder, RankCtx, RankReport, Report};
 pub use fault::{Corruption, Fault, Faulty};
 /// The in-process backend (`lens-local`), re-exported: the test kit builds on it.
-pub use lens_local::{DEFAULT_TIMEOUT, LocalBroadcaster, LocalCluster};
+pub use lens_local::{DEFAULT_ROUND_TIMEOUT, LocalBroadcaster, LocalCluster};
 
 /// Runs `f` on every rank at once, one thread each, and returns the results in rank order:
 /// for backends whose `broadcast` blocks its thread (TCP, NCCL), where one thread cannot

@@ -16,7 +16,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use format::{HEADER_LEN, SlabFormat};
-pub use options::{DEFAULT_SLAB_SIZE, DEFAULT_TIMEOUT, MAX_SLAB_BYTES, SlabOptions, SlabVars};
+pub use options::{
+    DEFAULT_ROUND_TIMEOUT, DEFAULT_SLAB_SIZE, MAX_SLAB_BYTES, SlabOptions, SlabVars,
+};
 
 use crate::backend::check_broadcast_args;
 use crate::broadcaster::Broadcaster;

@@ -15,7 +15,7 @@ use super::format::HEADER_LEN;
 /// 4 oversubscribed ranks.
 pub const DEFAULT_SLAB_SIZE: usize = 256;
 /// Default deadline of a round.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest slab or payload the header can describe and MPI can count (`i32::MAX` bytes).
 pub const MAX_SLAB_BYTES: usize = i32::MAX as usize;
 
@@ -36,7 +36,7 @@ pub const MAX_SLAB_BYTES: usize = i32::MAX as usize;
 pub struct SlabOptions {
     /// Slab size in bytes, header included (default [`DEFAULT_SLAB_SIZE`]).
     pub slab_size: usize,
-    /// Deadline of one round (default [`DEFAULT_TIMEOUT`]).
+    /// Deadline of one round (default [`DEFAULT_ROUND_TIMEOUT`]).
     pub timeout: Duration,
     /// Largest payload (default [`DEFAULT_MAX_PAYLOAD`]).
     pub max_payload: usize,
@@ -49,7 +49,7 @@ impl Default for SlabOptions {
     fn default() -> Self {
         SlabOptions {
             slab_size: DEFAULT_SLAB_SIZE,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_ROUND_TIMEOUT,
             max_payload: DEFAULT_MAX_PAYLOAD,
             env_errors: EnvErrors::default(),
         }
