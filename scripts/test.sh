@@ -30,7 +30,8 @@ apt_install() {
 # lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
 # The OTLP collector test (rotel-agent) and the Python package: PyPI, in a venv made here.
-apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv
+# The clock test runs one rank under libfaketime.
+apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv faketime
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -45,6 +46,9 @@ done
 
 step "tests (unit, integration, benches in test mode)"
 timeout 1500 cargo test --workspace --all-targets --all-features
+
+step "a real clock 2.5 s ahead (faketime): lens measures the offset over TCP"
+timeout 300 cargo test -q --workspace --all-features --test clock -- --ignored --exact a_rank_under_faketime_is_measured_2_5_s_ahead
 
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored

@@ -10,6 +10,7 @@
 //! - [`RankInfo`]: rank and world size from torchrun, Slurm, Open MPI, MPICH or PMIx.
 //! - [`Hierarchical`]: a broadcaster made of a leaders group and a per-node group.
 //! - [`blocking`]: synchronous twins for code with no async runtime.
+//! - [`clock`]: every rank's wall-clock offset from a reference rank, with an error bound.
 //! - [`backend`]: for those who write a backend (argument checks, deadlines, the slab round,
 //!   the W3C header parsers); users of lens do not need it.
 //!
@@ -62,6 +63,7 @@ pub mod blocking;
 mod broadcast;
 mod broadcaster;
 pub mod carrier;
+pub mod clock;
 mod error;
 mod hierarchical;
 pub mod link;
@@ -70,6 +72,7 @@ pub mod rank;
 pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};
 pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD};
 pub use carrier::{Carrier, CarrierError};
+pub use clock::{ClockOffset, measure_clock_offsets};
 pub use error::{BoxError, Error, Result};
 pub use hierarchical::{Hierarchical, NodeLayout};
 pub use link::{LinkedSpan, LinkedSpanBuilder, Parent, Remote, create_linked_span};

@@ -332,6 +332,21 @@ impl OtlpBuilder {
         self
     }
 
+    /// This rank's clock against the job's reference rank
+    /// ([`lens_core::measure_clock_offsets`]), as the resource attributes
+    /// `lens.clock.offset_ns` and `lens.clock.error_ns`.
+    pub fn clock_offset(mut self, clock: lens_core::ClockOffset) -> Self {
+        self.resource.push(KeyValue::new(
+            lens_core::clock::keys::OFFSET_NS,
+            clock.offset_ns,
+        ));
+        self.resource.push(KeyValue::new(
+            lens_core::clock::keys::ERROR_NS,
+            i64::try_from(clock.error_ns).unwrap_or(i64::MAX),
+        ));
+        self
+    }
+
     /// More resource attributes, besides the rank's.
     pub fn resource_attributes(mut self, attrs: impl IntoIterator<Item = KeyValue>) -> Self {
         self.resource.extend(attrs);

@@ -237,3 +237,34 @@ fn gpu_child() {
     guard.tracer("t").start("on a GPU").end();
     guard.shutdown().expect("exported");
 }
+
+/// Each rank's measured clock offset is in its resource, as the names the checks read.
+#[test]
+fn the_measured_clock_offset_is_in_every_rank_s_resource() {
+    let receiver = Receiver::start().expect("receiver");
+    let ranks = LocalCluster::new(3).broadcasters();
+    let endpoint = receiver.http_endpoint();
+    on_each_rank(&ranks, |b| {
+        let table = lens_core::measure_clock_offsets(b, 0, 3).expect("measured");
+        let guard = OtlpBuilder::new(RankInfo::new(b.rank(), 3).expect("rank"))
+            .endpoint(endpoint.clone())
+            .clock_offset(table[b.rank()])
+            .build()
+            .expect("guard");
+        guard.tracer("t").start("one").end();
+        guard.shutdown().expect("exported");
+    });
+    let spans = receiver.wait_for(3, Duration::from_secs(10));
+    assert_eq!(spans.len(), 3);
+    for s in &spans {
+        let offset = s.resource_int("lens.clock.offset_ns").expect("offset");
+        let error = s.resource_int("lens.clock.error_ns").expect("error");
+        assert!(
+            offset.abs() <= error + 1,
+            "one clock: {offset} within {error}"
+        );
+        if s.rank() == Some(0) {
+            assert_eq!((offset, error), (0, 0), "the reference");
+        }
+    }
+}

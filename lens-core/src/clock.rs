@@ -1,0 +1,171 @@
+//! Where every rank's wall clock stands against one reference rank's: an offset and a bound
+//! on its error, measured over the group's own broadcasts.
+//!
+//! For each rank `r` and each repetition, the reference broadcasts the time it sends (`t0`,
+//! its clock); `r` notes when the broadcast reached it (`t1`, its clock), then broadcasts
+//! `t1` and the time it sends back (`t2`); the reference notes when that arrived (`t3`). With
+//! the one-way delays `d1, d2 ≥ 0` (whatever the transport and its queues), `t1 = t0 + d1 +
+//! θ` and `t3 = t2 + d2 - θ`, so `θ ≈ ((t1 - t0) + (t2 - t3)) / 2` is off by at most
+//! `(d1 + d2) / 2`, which is measured: `((t3 - t0) - (t2 - t1)) / 2` is the error bound. Of
+//! the repetitions the one with the smallest bound is kept (minimum-delay filtering, as
+//! NTP does). The reference then broadcasts every rank's result, so every rank knows every
+//! offset.
+//!
+//! Cost: `repetitions × (world_size - 1) × 2 + 1` broadcasts, once (at group formation, say)
+//! or at an interval the caller chooses; every rank must call it together.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::blocking::broadcast;
+use crate::broadcaster::Broadcaster;
+use crate::error::{Error, Result};
+
+/// One rank's wall clock against the reference rank's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockOffset {
+    /// This rank's clock minus the reference clock, in nanoseconds (`lens.clock.offset_ns`).
+    pub offset_ns: i64,
+    /// The most the offset can be wrong by, in nanoseconds (`lens.clock.error_ns`): half the
+    /// round trip of the best exchange.
+    pub error_ns: u64,
+}
+
+/// Resource attribute keys for [`ClockOffset`].
+pub mod keys {
+    /// This rank's clock minus the reference clock, in nanoseconds.
+    pub const OFFSET_NS: &str = "lens.clock.offset_ns";
+    /// The most the offset can be wrong by, in nanoseconds.
+    pub const ERROR_NS: &str = "lens.clock.error_ns";
+}
+
+/// The system's wall clock in nanoseconds since the Unix epoch.
+pub fn system_now_ns() -> i128 {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
+        Err(e) => -i128::try_from(e.duration().as_nanos()).unwrap_or(i128::MAX),
+    }
+}
+
+/// Measures every rank's clock offset against `reference`'s, with the system's wall clock;
+/// returns them all, indexed by rank (the reference's own is zero with no error).
+/// Collective: every rank calls it with the same arguments.
+///
+/// # Errors
+/// The broadcasts' errors; [`Error::Config`] for a reference outside the group or zero
+/// repetitions; [`Error::Corrupt`] when a rank's reply is not what this protocol sends.
+pub fn measure_clock_offsets(
+    b: &dyn Broadcaster,
+    reference: usize,
+    repetitions: usize,
+) -> Result<Vec<ClockOffset>> {
+    measure_clock_offsets_with(b, reference, repetitions, &system_now_ns)
+}
+
+/// [`measure_clock_offsets`] with a clock of the caller's (nanoseconds): for tests and
+/// simulations of ranks whose clocks are off.
+///
+/// # Errors
+/// As [`measure_clock_offsets`].
+pub fn measure_clock_offsets_with(
+    b: &dyn Broadcaster,
+    reference: usize,
+    repetitions: usize,
+    now: &dyn Fn() -> i128,
+) -> Result<Vec<ClockOffset>> {
+    let (me, n) = (b.rank(), b.world_size());
+    if reference >= n {
+        return Err(Error::config(format!(
+            "clock reference rank {reference} is outside a group of {n}"
+        )));
+    }
+    if repetitions == 0 {
+        return Err(Error::config(
+            "measuring clock offsets needs at least one repetition",
+        ));
+    }
+    let mut best: Vec<ClockOffset> = vec![
+        ClockOffset {
+            offset_ns: 0,
+            error_ns: u64::MAX,
+        };
+        n
+    ];
+    best[reference].error_ns = 0;
+    for _ in 0..repetitions {
+        for r in (0..n).filter(|&r| r != reference) {
+            // Out: the reference's send time.
+            let t0 = now();
+            let out = (me == reference).then(|| t0.to_le_bytes());
+            let got = broadcast(b, reference, out.as_ref().map(|a| &a[..]))?;
+            let t1 = now();
+            let t0 = read_i128(&got, 0)?;
+            // Back: rank r's receive and send times.
+            let back = (me == r).then(|| {
+                let mut v = Vec::with_capacity(32);
+                v.extend_from_slice(&t1.to_le_bytes());
+                v.extend_from_slice(&now().to_le_bytes());
+                v
+            });
+            let got = broadcast(b, r, back.as_deref())?;
+            let t3 = now();
+            if me == reference {
+                let (t1, t2) = (read_i128(&got, 0)?, read_i128(&got, 16)?);
+                let offset = ((t1 - t0) + (t2 - t3)) / 2;
+                let error = (((t3 - t0) - (t2 - t1)) / 2).max(0);
+                let error = u64::try_from(error).unwrap_or(u64::MAX);
+                if error < best[r].error_ns {
+                    best[r] = ClockOffset {
+                        offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 {
+                            i64::MIN
+                        } else {
+                            i64::MAX
+                        }),
+                        error_ns: error,
+                    };
+                }
+            }
+        }
+    }
+    // The reference tells every rank every result.
+    let table = (me == reference).then(|| {
+        best.iter()
+            .flat_map(|c| {
+                let mut e = c.offset_ns.to_le_bytes().to_vec();
+                e.extend_from_slice(&c.error_ns.to_le_bytes());
+                e
+            })
+            .collect::<Vec<u8>>()
+    });
+    let got = broadcast(b, reference, table.as_deref())?;
+    if got.len() != 16 * n {
+        return Err(Error::Corrupt {
+            reason: format!(
+                "the clock table from rank {reference} has {} bytes, not {}",
+                got.len(),
+                16 * n
+            ),
+        });
+    }
+    Ok(got
+        .chunks_exact(16)
+        .map(|c| {
+            let mut o = [0u8; 8];
+            let mut e = [0u8; 8];
+            o.copy_from_slice(&c[..8]);
+            e.copy_from_slice(&c[8..]);
+            ClockOffset {
+                offset_ns: i64::from_le_bytes(o),
+                error_ns: u64::from_le_bytes(e),
+            }
+        })
+        .collect())
+}
+
+fn read_i128(bytes: &[u8], at: usize) -> Result<i128> {
+    let slice = bytes.get(at..at + 16).ok_or_else(|| Error::Corrupt {
+        reason: format!("a clock exchange of {} bytes is too short", bytes.len()),
+    })?;
+    let mut a = [0u8; 16];
+    a.copy_from_slice(slice);
+    Ok(i128::from_le_bytes(a))
+}

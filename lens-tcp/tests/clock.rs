@@ -1,0 +1,96 @@
+//! Real clocks: a TCP job of two processes in which rank 1 runs under libfaketime 2.5 s
+//! ahead. The offset lens measures is within 1 ms of 2.5 s, and its bound under 1 ms.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lens_tcp::{TcpBroadcaster, TcpConfig};
+
+const AHEAD_NS: i64 = 2_500_000_000;
+
+#[test]
+#[ignore = "needs faketime (Debian package faketime): scripts/test.sh installs it and runs this with --ignored"]
+#[allow(clippy::print_stderr)]
+fn a_rank_under_faketime_is_measured_2_5_s_ahead() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children = Vec::new();
+    for rank in 0..2 {
+        let mut cmd = if rank == 1 {
+            let mut c = Command::new("faketime");
+            // Only the wall clock: libzmq's timers keep the real monotonic clock.
+            c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .arg("-f")
+                .arg("+2.5s")
+                .arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.args([
+            "--exact",
+            "clock_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LENS_TCP_TEST_CHILD", "1")
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("LENS_TCP_ADDR", format!("127.0.0.1:{port}"))
+        .env("LENS_TCP_KEY", "the clock test's job key, long enough")
+        .env("LENS_TCP_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        children.push(cmd.spawn().expect("start a rank (is faketime installed?)"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut outs = Vec::new();
+    for mut c in children {
+        loop {
+            if c.try_wait().expect("wait").is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("a rank did not finish in 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut out = String::new();
+        if let Some(mut pipe) = c.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut out);
+        }
+        assert!(c.wait().expect("status").success(), "{out}");
+        outs.push(out);
+    }
+    let line = outs[0]
+        .lines()
+        .find_map(|l| l.split("offset ").nth(1))
+        .unwrap_or_else(|| panic!("rank 0 printed no offset:\n{}", outs[0]));
+    let mut parts = line
+        .split_whitespace()
+        .map(|p| p.parse::<i64>().expect("a number"));
+    let (offset, error) = (parts.next().expect("offset"), parts.next().expect("error"));
+    eprintln!("rank 1 under faketime +2.5 s: offset {offset} ns, error bound {error} ns");
+    assert!(
+        (offset - AHEAD_NS).abs() < 1_000_000,
+        "offset {offset} ns, not 2.5 s within 1 ms"
+    );
+    assert!(error < 1_000_000, "error bound {error} ns");
+}
+
+/// One rank of `a_rank_under_faketime_is_measured_2_5_s_ahead`.
+#[test]
+#[ignore = "a child process of a_rank_under_faketime_is_measured_2_5_s_ahead, not a test on its own"]
+#[allow(clippy::print_stdout)]
+fn clock_child() {
+    assert_eq!(std::env::var("LENS_TCP_TEST_CHILD").as_deref(), Ok("1"));
+    let group = TcpBroadcaster::connect(TcpConfig::from_env().expect("config")).expect("join");
+    let table = lens_core::measure_clock_offsets(&group, 0, 16).expect("measured");
+    println!("offset {} {}", table[1].offset_ns, table[1].error_ns);
+}
