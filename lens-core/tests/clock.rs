@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use lens_core::Error;
 use lens_core::clock::{
     ClockOffset, measure_clock_offsets, measure_clock_offsets_with, system_now_ns,
 };
-use lens_core::Error;
 use lens_testkit::LocalCluster;
 
 fn on_threads<T: Send>(n: usize, f: impl Fn(&dyn lens_core::Broadcaster) -> T + Sync) -> Vec<T> {
