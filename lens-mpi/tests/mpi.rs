@@ -25,7 +25,15 @@ const CASES: &[(&str, usize, bool)] = &[
     ("slab_size_mismatch", 2, true),
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
+    // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
+    ("clock_under_faketime", 2, true),
 ];
+
+/// Whether the faketime wrapper is on the PATH.
+fn has_faketime() -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join("faketime").is_file()))
+}
 
 const DEADLINE: Duration = Duration::from_secs(180);
 
@@ -60,9 +68,20 @@ fn parent() {
     let (mut passed, mut failed) = (0, Vec::new());
     for (name, n, should_succeed) in cases {
         let started = Instant::now();
-        let mut cmd = mpirun(*n).expect("mpirun was found above");
-        cmd.arg(&exe)
-            .env("LENS_MPI_CASE", name)
+        let faked = *name == "clock_under_faketime";
+        if faked && !has_faketime() {
+            println!("test {name} ... ignored, faketime not found on PATH (install faketime)");
+            continue;
+        }
+        let mut cmd = mpirun(if faked { 1 } else { *n }).expect("mpirun was found above");
+        cmd.arg(&exe);
+        if faked {
+            // The second rank's program: this binary under faketime, only its wall clock.
+            cmd.args([":", "-n", "1", "faketime", "-f", "+2.5s"])
+                .arg(&exe)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        cmd.env("LENS_MPI_CASE", name)
             // Read by `settings_from_the_environment` (the others build from code).
             .env(lens_mpi::env::SLAB_SIZE, "64")
             .env(lens_mpi::env::MAX_PAYLOAD, "1000")
@@ -256,6 +275,20 @@ fn rank_main(case: &str) {
                 }
                 (rank, other) => panic!("rank {rank}: unexpected {other:?}"),
             }
+        }
+        "clock_under_faketime" => {
+            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            let table = check(lens_core::measure_clock_offsets(&b, 0, 16), "clock offsets");
+            let c = table[1];
+            println!(
+                "rank 1 under faketime +2.5 s: offset {} ns, error bound {} ns",
+                c.offset_ns, c.error_ns
+            );
+            assert!(
+                (c.offset_ns - 2_500_000_000).abs() < 1_000_000,
+                "offset {c:?}"
+            );
+            assert!(c.error_ns < 1_000_000, "error bound {c:?}");
         }
         "settings_from_the_environment" => {
             let b = check(
