@@ -79,3 +79,37 @@ fn bad_arguments_are_refused_on_every_rank() {
         }
     }
 }
+
+/// Through `Hierarchical` (two nodes of three ranks): the same table, simulated offsets
+/// found within the bound, whichever node the reference is on.
+#[test]
+fn offsets_are_measured_through_a_hierarchical_group() {
+    let layout = lens_core::NodeLayout::uniform(6, 3).expect("layout");
+    let ranks = LocalCluster::new(6)
+        .timeout(Duration::from_secs(10))
+        .hierarchical(&layout)
+        .expect("hierarchical");
+    let tables: Vec<Vec<ClockOffset>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    let ahead = 1_000_000_i128 * lens_core::Broadcaster::rank(b) as i128;
+                    let now = move || system_now_ns() + ahead;
+                    measure_clock_offsets_with(b, 4, 2, &now).expect("measured")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    for t in &tables {
+        assert_eq!(t, &tables[0]);
+    }
+    for (r, c) in tables[0].iter().enumerate() {
+        let truth = 1_000_000_i64 * (r as i64 - 4);
+        assert!(within(*c, truth), "rank {r}: {c:?} against {truth}");
+    }
+}
