@@ -76,6 +76,10 @@ pub struct OtlpBuilder {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// TLS files for `https://` endpoints.
     tls: TlsFiles,
+    /// This rank's measured clock offset, for the resource and the timestamps.
+    clock: Option<lens_core::ClockOffset>,
+    /// Whether exported timestamps are moved onto the reference clock (default on).
+    correct_timestamps: bool,
     /// What resource detection reads (Slurm's ids, `CUDA_VISIBLE_DEVICES`, `HOSTNAME`), read
     /// when the builder is made: from the process, or from `from_vars`'s lookup.
     detect: Vec<(&'static str, String)>,
@@ -108,6 +112,8 @@ impl OtlpBuilder {
             gzip: false,
             headers: Vec::new(),
             tls: TlsFiles::default(),
+            clock: None,
+            correct_timestamps: true,
             detect: detected(&|k| std::env::var(k).ok()),
             env_errors: EnvErrors::default(),
             env_protocol: None,
@@ -334,8 +340,11 @@ impl OtlpBuilder {
 
     /// This rank's clock against the job's reference rank
     /// ([`lens_core::measure_clock_offsets`]), as the resource attributes
-    /// `lens.clock.offset_ns` and `lens.clock.error_ns`.
+    /// `lens.clock.offset_ns` and `lens.clock.error_ns`; exported spans' timestamps (start,
+    /// end, events) are moved onto the reference clock by the offset, so the ranks line up in
+    /// the backend, unless [`OtlpBuilder::correct_timestamps`] says not to.
     pub fn clock_offset(mut self, clock: lens_core::ClockOffset) -> Self {
+        self.clock = Some(clock);
         self.resource.push(KeyValue::new(
             lens_core::clock::keys::OFFSET_NS,
             clock.offset_ns,
@@ -344,6 +353,13 @@ impl OtlpBuilder {
             lens_core::clock::keys::ERROR_NS,
             i64::try_from(clock.error_ns).unwrap_or(i64::MAX),
         ));
+        self
+    }
+
+    /// Whether exported timestamps are moved by the [`OtlpBuilder::clock_offset`] (default
+    /// on; off keeps each rank's own clock, the offset still in the resource).
+    pub fn correct_timestamps(mut self, on: bool) -> Self {
+        self.correct_timestamps = on;
         self
     }
 
@@ -429,6 +445,10 @@ impl OtlpBuilder {
             let exporter = CountingExporter {
                 inner: exporter,
                 counts: Arc::clone(&counts),
+                shift_ns: match self.clock {
+                    Some(c) if self.correct_timestamps => c.offset_ns,
+                    _ => 0,
+                },
             };
             let config = self
                 .batch

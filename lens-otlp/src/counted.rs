@@ -94,11 +94,33 @@ impl<P: SpanProcessor> SpanProcessor for CountingProcessor<P> {
 pub(crate) struct CountingExporter<E> {
     pub(crate) inner: E,
     pub(crate) counts: Arc<Counts>,
+    /// Nanoseconds subtracted from every timestamp (this rank's clock offset from the
+    /// reference rank's), so that the ranks line up in the backend; zero for none.
+    pub(crate) shift_ns: i64,
+}
+
+/// `t` moved back by `ns` nanoseconds (forward when negative).
+fn shifted(t: std::time::SystemTime, ns: i64) -> std::time::SystemTime {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        t.checked_sub(d).unwrap_or(t)
+    } else {
+        t.checked_add(d).unwrap_or(t)
+    }
 }
 
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+    async fn export(&self, mut batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
+        if self.shift_ns != 0 {
+            for s in &mut batch {
+                s.start_time = shifted(s.start_time, self.shift_ns);
+                s.end_time = shifted(s.end_time, self.shift_ns);
+                for e in &mut s.events.events {
+                    e.timestamp = shifted(e.timestamp, self.shift_ns);
+                }
+            }
+        }
         let result = self.inner.export(batch).await;
         match &result {
             Ok(()) => {

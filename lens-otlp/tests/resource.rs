@@ -268,3 +268,43 @@ fn the_measured_clock_offset_is_in_every_rank_s_resource() {
         }
     }
 }
+
+/// A rank whose clock is 2 s ahead of the reference exports its spans on the reference
+/// clock (start, end), unless told not to; the offset is in the resource either way.
+#[test]
+fn exported_timestamps_are_moved_onto_the_reference_clock() {
+    let ahead = lens_core::ClockOffset {
+        offset_ns: 2_000_000_000,
+        error_ns: 1_000,
+    };
+    for correct in [true, false] {
+        let receiver = Receiver::start().expect("receiver");
+        let guard = OtlpBuilder::new(RankInfo::new(1, 2).expect("rank"))
+            .endpoint(receiver.http_endpoint())
+            .clock_offset(ahead)
+            .correct_timestamps(correct)
+            .build()
+            .expect("guard");
+        let before = lens_core::clock::system_now_ns() as u64;
+        guard.tracer("t").start("one").end();
+        let after = lens_core::clock::system_now_ns() as u64;
+        guard.shutdown().expect("exported");
+        let span = receiver
+            .wait_for(1, Duration::from_secs(10))
+            .pop()
+            .expect("a span");
+        let shift = if correct { 2_000_000_000 } else { 0 };
+        for (what, t) in [("start", span.start_unix_nano), ("end", span.end_unix_nano)] {
+            assert!(
+                t >= before - shift && t <= after - shift,
+                "correct={correct}: {what} {t} not in [{}, {}]",
+                before - shift,
+                after - shift
+            );
+        }
+        assert_eq!(
+            span.resource_int("lens.clock.offset_ns"),
+            Some(2_000_000_000)
+        );
+    }
+}

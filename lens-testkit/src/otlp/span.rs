@@ -105,6 +105,10 @@ pub struct ReceivedSpan {
     pub dropped_links_count: u32,
     /// The OTLP span kind number (1 internal, 2 server, 3 client, 4 producer, 5 consumer).
     pub kind: i32,
+    /// Its start, in nanoseconds since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// Its end, in nanoseconds since the Unix epoch.
+    pub end_unix_nano: u64,
 }
 
 impl ReceivedSpan {
@@ -174,6 +178,8 @@ fn flatten_span(via: Via, resource: &[(String, Value)], scope: &str, s: &Span) -
             .collect(),
         dropped_links_count: s.dropped_links_count,
         kind: s.kind,
+        start_unix_nano: s.start_time_unix_nano,
+        end_unix_nano: s.end_time_unix_nano,
     }
 }
 
