@@ -107,13 +107,26 @@ pub fn broadcast_carrier_whole(
     if b.rank() != src_rank {
         return received_whole(broadcast(b, src_rank, None)?, src_rank);
     }
-    let carrier = match foreign_carrier(carrier) {
-        Ok(carrier) => carrier,
+    match foreign_carrier(carrier) {
+        Ok(carrier) => send_whole(b, src_rank, carrier),
         Err(e) => {
             fail_source(b, src_rank);
-            return Err(e);
+            Err(e)
         }
-    };
+    }
+}
+
+// The same steps as the async functions' (`broadcast.rs`), each round through `broadcast`:
+// no future at all where the backend has `broadcast_sync` (a 1-rank slab round with the
+// codec went from 361 to 302 ns without the future: `cargo bench -p lens-core --bench round`).
+
+fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+    send_whole(b, src_rank, carrier).map(|c| sent(c, src_rank))
+}
+
+/// The source's round: its carrier's bytes out (or, when they cannot go, the failure
+/// marker, so the others do not wait), and the carrier back as sent.
+fn send_whole(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Carrier> {
     let bytes = match outgoing(b, &carrier) {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -124,23 +137,6 @@ pub fn broadcast_carrier_whole(
     broadcast(b, src_rank, Some(&bytes))?;
     drop(bytes);
     Ok(carrier.with_source_rank(src_rank))
-}
-
-// The same steps as the async functions' (`broadcast.rs`), each round through `broadcast`:
-// no future at all where the backend has `broadcast_sync` (a 1-rank slab round with the
-// codec went from 361 to 302 ns without the future: `cargo bench -p lens-core --bench round`).
-
-fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
-    let bytes = match outgoing(b, &carrier) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            fail_source(b, src_rank);
-            return Err(e);
-        }
-    };
-    broadcast(b, src_rank, Some(&bytes))?;
-    drop(bytes);
-    Ok(sent(carrier, src_rank))
 }
 
 fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {

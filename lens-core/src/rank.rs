@@ -121,14 +121,19 @@ impl RankInfo {
                 "rank {rank} is not below world size {world_size}"
             )));
         }
-        Ok(RankInfo {
+        Ok(Self::explicit(rank, world_size))
+    }
+
+    /// A rank given in code, nothing else known (the caller checked `rank < world_size`).
+    fn explicit(rank: usize, world_size: usize) -> Self {
+        RankInfo {
             rank,
             world_size,
             local_rank: None,
             launcher: Launcher::Explicit,
             job_id: None,
             run_id: None,
-        })
+        }
     }
 
     /// A job of one rank.
@@ -273,14 +278,7 @@ impl RankInfo {
         let mut info = RankInfo::from_env()
             .ok()
             .filter(|i| i.rank == rank && i.world_size == world_size)
-            .unwrap_or(RankInfo {
-                rank,
-                world_size,
-                local_rank: None,
-                launcher: Launcher::Explicit,
-                job_id: None,
-                run_id: None,
-            });
+            .unwrap_or_else(|| Self::explicit(rank, world_size));
         if info.local_rank.is_none() {
             info.local_rank = group.local_rank();
         }

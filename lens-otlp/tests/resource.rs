@@ -2,13 +2,14 @@
 //! requeues, new with each restart), Slurm's ids, and the rank's GPU read through NVML (the
 //! test kit's fake NVML in a child process; no NVML means no GPU attributes).
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use lens_core::{Broadcaster as _, RankInfo};
 use lens_otlp::{OtlpBuilder, resource_keys};
 use lens_testkit::fake_gpu::FakeGpu;
 use lens_testkit::otlp::{ReceivedSpan, Receiver};
+use lens_testkit::process::Supervised;
 use lens_testkit::{LocalCluster, on_each_rank};
 use opentelemetry::trace::{Span as _, Tracer as _};
 
@@ -161,30 +162,20 @@ fn the_rank_s_gpu_is_named_through_nvml() {
             .env("RANK", "0")
             .env("WORLD_SIZE", "8")
             .env("LOCAL_RANK", local)
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env_remove("CUDA_VISIBLE_DEVICES");
         if let Some(v) = visible {
             cmd.env("CUDA_VISIBLE_DEVICES", v);
         }
         fake.apply(&mut cmd);
-        let mut child = cmd.spawn().expect("start the child");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("the child did not finish in 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut out = String::new();
-        if let Some(mut pipe) = child.stdout.take() {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut out);
-        }
-        assert!(status.success() && out.contains("1 passed"), "{out}");
+        // Killed at its deadline; its pipes drained as it runs.
+        let done = Supervised::spawn(&mut cmd, Duration::from_secs(60))
+            .expect("start the child")
+            .wait();
+        assert!(
+            done.success() && done.stdout.contains("1 passed"),
+            "{}",
+            done.output()
+        );
         let span = receiver
             .wait_for(1, Duration::from_secs(10))
             .pop()

@@ -3,12 +3,13 @@
 //! over TLS, receivers signed by another authority, async callers, and files that are
 //! missing or unpaired.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use lens_core::RankInfo;
 use lens_otlp::{OtlpBuilder, Protocol, env};
 use lens_testkit::otlp::{Receiver, TestCa};
+use lens_testkit::process::Supervised;
 use opentelemetry::trace::{Span as _, Tracer as _};
 
 const PROTOCOLS: [Protocol; 2] = [Protocol::Grpc, Protocol::HttpProtobuf];
@@ -283,8 +284,8 @@ fn headers_from_code_win_and_a_custom_lookup_is_the_only_source() {
     let from_env = Receiver::start().expect("receiver");
     let from_vars = Receiver::start().expect("receiver");
     for protocol in PROTOCOLS {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "headers_child", "--ignored", "--test-threads=1"])
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+        cmd.args(["--exact", "headers_child", "--ignored", "--test-threads=1"])
             .env(
                 env::OTEL_EXPORTER_OTLP_HEADERS,
                 "api-key=from-env,x-env-only=1",
@@ -292,29 +293,15 @@ fn headers_from_code_win_and_a_custom_lookup_is_the_only_source() {
             .env("LENS_TEST_PROTOCOL", protocol.as_str())
             .env("LENS_TEST_FROM_ENV", endpoint(&from_env, protocol))
             .env("LENS_TEST_FROM_VARS", endpoint(&from_vars, protocol))
-            .env("LENS_TEST_CHILD", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the child");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("the child did not finish in 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut out = String::new();
-        if let Some(mut pipe) = child.stdout.take() {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut out);
-        }
+            .env("LENS_TEST_CHILD", "1");
+        // Killed at its deadline; its pipes drained as it runs.
+        let done = Supervised::spawn(&mut cmd, Duration::from_secs(60))
+            .expect("start the child")
+            .wait();
         assert!(
-            status.success() && out.contains("1 passed"),
-            "{protocol}: {out}"
+            done.success() && done.stdout.contains("1 passed"),
+            "{protocol}: {}",
+            done.output()
         );
 
         let env_headers = from_env.last_headers();

@@ -2,9 +2,10 @@
 //! ahead. The offset lens measures is within 1 ms of 2.5 s, and its bound under 1 ms.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lens_tcp::{TcpBroadcaster, TcpConfig};
+use lens_testkit::process::{Supervised, wait_all};
 
 const AHEAD_NS: i64 = 2_500_000_000;
 
@@ -43,30 +44,17 @@ fn a_rank_under_faketime_is_measured_2_5_s_ahead() {
         .env("LENS_TCP_ADDR", format!("127.0.0.1:{port}"))
         .env("LENS_TCP_KEY", "the clock test's job key, long enough")
         .env("LENS_TCP_TIMEOUT", "10")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        children.push(cmd.spawn().expect("start a rank (is faketime installed?)"));
+        .stdin(Stdio::null());
+        // Each killed at its deadline (or when a failed assertion drops it), pipes drained.
+        children.push(
+            Supervised::spawn(&mut cmd, Duration::from_secs(60))
+                .expect("start a rank (is faketime installed?)"),
+        );
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
     let mut outs = Vec::new();
-    for mut c in children {
-        loop {
-            if c.try_wait().expect("wait").is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("a rank did not finish in 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut out = String::new();
-        if let Some(mut pipe) = c.stdout.take() {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut out);
-        }
-        assert!(c.wait().expect("status").success(), "{out}");
-        outs.push(out);
+    for done in wait_all(children, |_, _| {}) {
+        assert!(done.success(), "{}", done.output());
+        outs.push(done.stdout);
     }
     let line = outs[0]
         .lines()
