@@ -1,14 +1,14 @@
-//! One rank's view of the group: its connections, the session, the round counter, and the
-//! event loop that hands authenticated frames of this session to the round and serves
-//! the join handshake (`join.rs`) whatever the rank is doing.
+//! One rank's view of the group: its connections, its join state (`handshake.rs`), the
+//! round counter, and the event loop that hands authenticated frames of this session to
+//! the round and feeds join frames to the join machine whatever the rank is doing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use lens_core::Result;
 
-use crate::diag::Diagnostics;
 use crate::frame::{Frame, Kind, Nonce};
+use crate::handshake::{Dest, Join, Sender, Unsent, Up, Wire};
 use crate::message::Message;
 use crate::net::{ConnId, Event, Net, SendFail, Side};
 use crate::tree::Tree;
@@ -32,37 +32,80 @@ pub(crate) struct Group {
     pub rank: usize,
     pub n: usize,
     pub tree: Tree,
-    pub session: u64,
+    /// The join protocol's state: the session, who proved the key where, the nonces.
+    pub join: Join<ConnId>,
     pub round: u64,
-    /// Rank 0: every rank's connection. Others: their tree children's.
-    pub peers: Vec<Option<ConnId>>,
-    /// Whether the group has formed: rank 0 admitted every rank, others got their WELCOME.
-    pub formed: bool,
-    /// Rank 0 during formation: the endpoint each rank listens on for tree children.
-    pub endpoints: Vec<String>,
-    /// Rank 0 during formation: which ranks proved the key (and named their endpoint)...
-    pub registered: Vec<bool>,
-    /// How many are `true` in `registered`.
-    pub registered_count: usize,
-    /// ...and which were sent their WELCOME on their current connection.
-    pub welcomed: Vec<bool>,
-    /// Tree parents during formation: the session each child said it had.
-    pub child_session: HashMap<usize, u64>,
-    /// Where this rank listens for its tree children ("" when it has none).
-    pub endpoint: String,
-    /// The nonce of this rank's last KNOCK, per outbound side.
-    pub knocked: HashMap<Side, Nonce>,
     pub pending: VecDeque<(ConnId, Frame)>,
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
     pub last_answers: Vec<crate::machine::Answer>,
-    pub diag: Diagnostics,
 }
 
-pub(crate) fn wire(r: usize) -> u32 {
-    // The configuration keeps world sizes within u32.
-    u32::try_from(r).unwrap_or(u32::MAX)
+pub(crate) use crate::handshake::wire_u32 as wire;
+
+/// A fresh nonce from the operating system.
+pub(crate) fn nonce() -> Result<Nonce> {
+    let mut n = [0u8; 16];
+    getrandom::fill(&mut n).map_err(|e| {
+        lens_core::Error::transport(
+            crate::net::BACKEND,
+            "no randomness for a nonce",
+            e.to_string(),
+        )
+    })?;
+    Ok(n)
+}
+
+/// The join machine's [`Wire`] over this rank's connections.
+pub(crate) struct NetWire<'a> {
+    net: &'a mut Net,
+    me: usize,
+}
+
+fn conn_of(to: Dest<'_, ConnId>) -> ConnId {
+    match to {
+        Dest::Up(up) => ConnId::outbound(side_of(up)),
+        Dest::Conn(c) => c.clone(),
+    }
+}
+
+pub(crate) fn side_of(up: Up) -> Side {
+    match up {
+        Up::Hub => Side::Hub,
+        Up::Parent => Side::Parent,
+    }
+}
+
+pub(crate) fn up_of(side: Side) -> Option<Up> {
+    match side {
+        Side::Hub => Some(Up::Hub),
+        Side::Parent => Some(Up::Parent),
+        Side::Listen => None,
+    }
+}
+
+impl Wire<ConnId> for NetWire<'_> {
+    fn send(
+        &mut self,
+        to: Dest<'_, ConnId>,
+        session: u64,
+        msg: &Message<'_>,
+    ) -> std::result::Result<(), Unsent> {
+        let bytes = self.net.codec().encode(msg, wire(self.me), session, 0, 0);
+        self.net.send(&conn_of(to), &bytes).map_err(|e| match e {
+            SendFail::Gone => Unsent::Gone,
+            SendFail::Full => Unsent::Full,
+        })
+    }
+
+    fn close(&mut self, conn: &ConnId) {
+        self.net.close(conn);
+    }
+
+    fn proven(&mut self, to: Dest<'_, ConnId>, rank: usize) {
+        self.net.set_verified(&conn_of(to), Some(rank));
+    }
 }
 
 impl Group {
@@ -72,20 +115,10 @@ impl Group {
             rank,
             n,
             tree,
-            session: 0,
+            join: Join::new(rank, n, tree, endpoint),
             round: 0,
-            peers: vec![None; n],
-            formed: false,
-            endpoints: vec![String::new(); n],
-            registered: vec![false; n],
-            registered_count: 0,
-            welcomed: vec![false; n],
-            child_session: HashMap::new(),
-            endpoint,
-            knocked: HashMap::new(),
             pending: VecDeque::new(),
             last_answers: Vec::new(),
-            diag: Diagnostics::default(),
         }
     }
 
@@ -94,14 +127,38 @@ impl Group {
     }
 
     pub(crate) fn formed(&self) -> bool {
-        self.formed
+        self.join.formed()
+    }
+
+    pub(crate) fn session(&self) -> u64 {
+        self.join.session()
+    }
+
+    /// The join machine and the connections it sends on.
+    pub(crate) fn split(&mut self) -> (&mut Join<ConnId>, NetWire<'_>) {
+        let wire = NetWire {
+            net: &mut self.net,
+            me: self.rank,
+        };
+        (&mut self.join, wire)
+    }
+
+    /// Knocks (again) at rank 0 or the tree parent with a fresh nonce.
+    pub(crate) fn knock(&mut self, side: Side) -> Result<()> {
+        let Some(up) = up_of(side) else {
+            return Ok(());
+        };
+        let j = nonce()?;
+        let (join, mut w) = self.split();
+        join.knock(&mut w, up, j);
+        Ok(())
     }
 
     /// A frame from this rank, with its prefix.
     pub(crate) fn frame(&self, msg: &Message<'_>, round: u64, root: usize) -> Vec<u8> {
         self.net
             .codec()
-            .encode(msg, wire(self.rank), self.session, round, wire(root))
+            .encode(msg, wire(self.rank), self.session(), round, wire(root))
     }
 
     /// The side this rank hears its tree parent on.
@@ -143,25 +200,14 @@ impl Group {
             };
             match event {
                 Event::Opened(conn) => {
-                    if conn.side != Side::Listen {
+                    if let Some(up) = up_of(conn.side) {
+                        self.join.reopened(up);
                         self.knock(conn.side)?;
                     }
                 }
                 Event::Closed(conn) => {
-                    if let Some(r) = self.peers.iter().position(|p| p.as_ref() == Some(&conn)) {
-                        // It may come back (a reset, a restart) and prove itself again; until
-                        // then a round counts it as unreached instead of sending into the
-                        // dead connection.
+                    if let Some(r) = self.join.closed(&conn) {
                         tracing::info!(rank = r, "a rank's connection closed");
-                        self.peers[r] = None;
-                        if !self.formed && !self.welcomed[r] {
-                            // Rank 0 while the group forms: it has to join again (a restart).
-                            // A tree rank that was welcomed left for its parent on purpose.
-                            if self.registered[r] {
-                                self.registered[r] = false;
-                                self.registered_count -= 1;
-                            }
-                        }
                     }
                 }
                 Event::KeyHint => return Ok(Some(Input::KeyHint)),
@@ -181,9 +227,11 @@ impl Group {
         match (conn.side, why) {
             (Side::Listen, Reject::BadTag(Kind::Knock | Kind::Hello)) => {
                 tracing::warn!(%from, "a peer knocked with a wrong job key");
-                self.diag.bad_key += 1;
-                if self.diag.bad_key_from.len() < 4 && !self.diag.bad_key_from.contains(&from) {
-                    self.diag.bad_key_from.push(from);
+                self.join.diag.bad_key += 1;
+                if self.join.diag.bad_key_from.len() < 4
+                    && !self.join.diag.bad_key_from.contains(&from)
+                {
+                    self.join.diag.bad_key_from.push(from);
                 }
                 let hint = self.net.codec().key_mismatch_hint();
                 let _ = self.net.send(conn, &hint);
@@ -194,7 +242,7 @@ impl Group {
             }
             (side, Reject::Malformed(_)) => {
                 tracing::warn!(?side, %why, "the peer this rank connected to sent bytes that are not lens frames");
-                self.diag.note(format!(
+                self.join.diag.note(format!(
                     "the address this rank connected to ({}) answered with bytes that are not lens frames: is another program listening there?",
                     if side == Side::Hub { "rank 0" } else { "the tree parent" }
                 ));
@@ -204,16 +252,17 @@ impl Group {
     }
 
     fn frame_in(&mut self, conn: ConnId, f: Frame) -> Result<Option<Input>> {
+        let session = self.session();
         if conn.side == Side::Listen {
             if matches!(f.kind(), Kind::Knock | Kind::Hello) {
                 return self.serve_join(&conn, &f);
             }
-            let Some(rank) = self.net.verified(&conn) else {
+            let Some(rank) = self.join.rank_of(&conn) else {
                 // Net lets only join frames through before a connection proves the key;
                 // nothing is answered to a connection that has proven nothing.
                 return Ok(None);
             };
-            if f.sender as usize != rank || f.session != self.session {
+            if f.sender as usize != rank || f.session != session {
                 tracing::warn!(
                     sender = f.sender,
                     "dropped a frame whose sender or session is not its connection's"
@@ -224,10 +273,20 @@ impl Group {
         }
         // From rank 0 or the tree parent.
         let side = conn.side;
-        match f.kind() {
-            Kind::Challenge => self.on_challenge(&conn, &f),
-            Kind::Welcome | Kind::Reject | Kind::JoinFail => Ok(Some(Input::Frame(conn, f))),
-            _ if f.session != self.session || !self.formed() => {
+        match &f.msg {
+            Message::Challenge { joiner, server } => {
+                let Some(up) = up_of(side) else {
+                    return Ok(None);
+                };
+                let (join, mut w) = self.split();
+                Ok(join
+                    .on_challenge(&mut w, up, joiner, server)
+                    .then_some(Input::Proven(side)))
+            }
+            Message::Welcome { .. } | Message::Reject { .. } | Message::JoinFail { .. } => {
+                Ok(Some(Input::Frame(conn, f)))
+            }
+            _ if f.session != session || !self.formed() => {
                 tracing::warn!(
                     ?side,
                     "dropped a frame of another session (replayed or stale)"
@@ -235,6 +294,34 @@ impl Group {
                 Ok(None)
             }
             _ => Ok(Some(Input::Frame(conn, f))),
+        }
+    }
+
+    /// A KNOCK or HELLO on a connection this rank accepted.
+    fn serve_join(&mut self, conn: &ConnId, f: &Frame) -> Result<Option<Input>> {
+        let sender = Sender {
+            conn,
+            rank: f.sender as usize,
+            session: f.session,
+        };
+        match &f.msg {
+            &Message::Knock { world, joiner } => {
+                let fresh = nonce()?;
+                let (join, mut w) = self.split();
+                join.on_knock(&mut w, sender, world, joiner, fresh);
+                Ok(None)
+            }
+            Message::Hello {
+                world,
+                server,
+                endpoint,
+            } => {
+                let (join, mut w) = self.split();
+                Ok(join
+                    .on_hello(&mut w, sender, *world, server, endpoint)
+                    .map(Input::Admitted))
+            }
+            _ => Ok(None),
         }
     }
 }

@@ -41,6 +41,7 @@ mod diag;
 pub mod env;
 mod frame;
 mod group;
+mod handshake;
 mod join;
 mod keeper;
 mod key;

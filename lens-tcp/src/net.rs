@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use lens_core::{Error, Result};
 
-use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Nonce, Reassembler, Reject};
+use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Reassembler, Reject};
 
 pub(crate) const BACKEND: &str = "tcp";
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
@@ -61,9 +61,6 @@ struct Conn {
     frames: u32,
     /// The peer's rank once it proved the key (outbound: the server's rank).
     verified: Option<usize>,
-    /// Accepted connections: the nonce handed to the peer, and the one it knocked with.
-    issued: Option<Nonce>,
-    joiner: Option<Nonce>,
 }
 
 impl Conn {
@@ -73,8 +70,6 @@ impl Conn {
             addr,
             frames: 0,
             verified: None,
-            issued: None,
-            joiner: None,
         }
     }
 }
@@ -284,16 +279,6 @@ impl Net {
         }
     }
 
-    /// The nonce handed to an accepted connection, and the one it knocked with.
-    pub(crate) fn nonces(
-        &mut self,
-        conn: &ConnId,
-    ) -> Option<(&mut Option<Nonce>, &mut Option<Nonce>)> {
-        self.conns
-            .get_mut(conn)
-            .map(|c| (&mut c.issued, &mut c.joiner))
-    }
-
     pub(crate) fn addr(&self, conn: &ConnId) -> Option<String> {
         self.conns.get(conn).and_then(|c| c.addr.clone())
     }
@@ -341,7 +326,9 @@ impl Net {
         }
     }
 
-    /// Closes an accepted connection; an outbound one only forgets what it proved.
+    /// Closes an accepted connection (reported as [`Event::Closed`], so that the join
+    /// state of a connection closed for a limit goes too); an outbound one only forgets
+    /// what it proved.
     pub(crate) fn close(&mut self, conn: &ConnId) {
         match conn.side {
             Side::Listen => {
@@ -349,7 +336,9 @@ impl Net {
                     // An empty message closes a STREAM connection.
                     let _ = send_now(s, &conn.id, &[]);
                 }
-                self.conns.remove(conn);
+                if self.conns.remove(conn).is_some() {
+                    self.events.push_back(Event::Closed(conn.clone()));
+                }
             }
             Side::Hub | Side::Parent => {
                 if let Some(c) = self.conns.get_mut(conn) {

@@ -53,7 +53,7 @@ impl Group {
     fn send_to(&mut self, to: To, bytes: &[u8]) -> bool {
         let conn = match to {
             To::Up => ConnId::outbound(self.up_side()),
-            To::Rank(r) => match self.peers.get(r).cloned().flatten() {
+            To::Rank(r) => match self.join.peer(r).cloned() {
                 Some(conn) => conn,
                 None => return false,
             },

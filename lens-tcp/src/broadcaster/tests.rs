@@ -53,7 +53,7 @@ fn replayed_frames_are_dropped() {
     }
     {
         let mut g = member.group();
-        let session = g.session;
+        let session = g.session();
         let codec = g.net.codec().clone();
         // Round 2's data again, word for word, and a frame of another session.
         let old = codec.encode(&Message::Data(Cow::Borrowed(&[2; 8])), 1, session, 2, 1);
