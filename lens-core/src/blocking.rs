@@ -22,8 +22,8 @@
 use opentelemetry::Context;
 
 use crate::broadcast::{
-    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, received_whole, sent,
-    source_not_told,
+    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, received_whole,
+    record_arrivals, sent, source_not_told,
 };
 use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
@@ -50,7 +50,8 @@ pub fn broadcast_trace_context(b: &dyn Broadcaster, src_rank: usize) -> Result<O
     if b.rank() != src_rank {
         return receive(b, src_rank);
     }
-    send(b, src_rank, Carrier::from_context(&Context::current()))
+    let cx = Context::current();
+    send(b, src_rank, Carrier::from_context(&cx), &cx)
 }
 
 /// Blocking [`crate::broadcast_context`].
@@ -66,7 +67,7 @@ pub fn broadcast_context(
     if b.rank() != src_rank {
         return receive(b, src_rank);
     }
-    send(b, src_rank, Carrier::from_context(cx))
+    send(b, src_rank, Carrier::from_context(cx), cx)
 }
 
 /// Blocking [`crate::broadcast_carrier`].
@@ -83,7 +84,7 @@ pub fn broadcast_carrier(
         return receive(b, src_rank);
     }
     match foreign_carrier(carrier) {
-        Ok(carrier) => send(b, src_rank, carrier),
+        Ok(carrier) => send(b, src_rank, carrier, &Context::current()),
         Err(e) => {
             fail_source(b, src_rank);
             Err(e)
@@ -108,7 +109,7 @@ pub fn broadcast_carrier_whole(
         return received_whole(broadcast(b, src_rank, None)?, src_rank);
     }
     match foreign_carrier(carrier) {
-        Ok(carrier) => send_whole(b, src_rank, carrier),
+        Ok(carrier) => send_whole(b, src_rank, carrier, &Context::current()),
         Err(e) => {
             fail_source(b, src_rank);
             Err(e)
@@ -120,13 +121,24 @@ pub fn broadcast_carrier_whole(
 // no future at all where the backend has `broadcast_sync` (a 1-rank slab round with the
 // codec went from 361 to 302 ns without the future: `cargo bench -p lens-core --bench round`).
 
-fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
-    send_whole(b, src_rank, carrier).map(|c| sent(c, src_rank))
+fn send(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    carrier: Carrier,
+    cx: &Context,
+) -> Result<Option<Carrier>> {
+    send_whole(b, src_rank, carrier, cx).map(|c| sent(c, src_rank))
 }
 
 /// The source's round: its carrier's bytes out (or, when they cannot go, the failure
-/// marker, so the others do not wait), and the carrier back as sent.
-fn send_whole(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Carrier> {
+/// marker, so the others do not wait), and the carrier back as sent; how the ranks arrived
+/// goes on `cx`'s span.
+fn send_whole(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    carrier: Carrier,
+    cx: &Context,
+) -> Result<Carrier> {
     let bytes = match outgoing(b, &carrier) {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -136,6 +148,7 @@ fn send_whole(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<
     };
     broadcast(b, src_rank, Some(&bytes))?;
     drop(bytes);
+    record_arrivals(b, cx);
     Ok(carrier.with_source_rank(src_rank))
 }
 

@@ -4,6 +4,9 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt;
+
+use crate::arrivals::late_threshold;
 
 use crate::broadcaster::{Broadcaster, round};
 use crate::carrier::w3c::parse_traceparent;
@@ -96,7 +99,7 @@ pub async fn broadcast_carrier(
         return received(round(b, src_rank, None).await?, src_rank);
     }
     match foreign_carrier(carrier) {
-        Ok(carrier) => send(b, src_rank, carrier).await,
+        Ok(carrier) => send(b, src_rank, carrier, &Context::current()).await,
         Err(e) => {
             fail_source(b, src_rank).await;
             Err(e)
@@ -111,18 +114,27 @@ async fn broadcast_impl(
 ) -> Result<Option<Carrier>> {
     check_root(b, src_rank)?;
     if b.rank() == src_rank {
-        let carrier = match cx {
-            Some(cx) => Carrier::from_context(cx),
-            None => Carrier::from_context(&Context::current()),
+        let current;
+        let cx = match cx {
+            Some(cx) => cx,
+            None => {
+                current = Context::current();
+                &current
+            }
         };
-        send(b, src_rank, carrier).await
+        send(b, src_rank, Carrier::from_context(cx), cx).await
     } else {
         received(round(b, src_rank, None).await?, src_rank)
     }
 }
 
-/// The source's half of a round.
-async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<Option<Carrier>> {
+/// The source's half of a round; how the ranks arrived goes on `cx`'s span.
+async fn send(
+    b: &dyn Broadcaster,
+    src_rank: usize,
+    carrier: Carrier,
+    cx: &Context,
+) -> Result<Option<Carrier>> {
     let bytes = match outgoing(b, &carrier) {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -132,7 +144,15 @@ async fn send(b: &dyn Broadcaster, src_rank: usize, carrier: Carrier) -> Result<
     };
     round(b, src_rank, Some(&bytes)).await?;
     drop(bytes);
+    record_arrivals(b, cx);
     Ok(sent(carrier, src_rank))
+}
+
+/// The source, after its round: how the ranks arrived, on its span, where the backend knows.
+pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context) {
+    if let Some(a) = b.take_arrivals() {
+        a.record(&cx.span(), late_threshold());
+    }
 }
 
 async fn fail_source(b: &dyn Broadcaster, src_rank: usize) {

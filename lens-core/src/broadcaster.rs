@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::arrivals::Arrivals;
 use crate::error::{Error, Result};
 
 /// Default largest payload a backend accepts, in bytes.
@@ -71,6 +72,14 @@ pub trait Broadcaster: Send + Sync {
     /// use `broadcast`. A backend that returns `Some` must behave exactly as `broadcast`.
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         let _ = (root, payload);
+        None
+    }
+
+    /// How the ranks arrived at the last round this rank was the root of, taken (asked
+    /// once), where the backend tracks it: the in-process backend does, TCP when rank 0 is
+    /// the root. `None`, the default, where it does not. lens's trace-context broadcasts
+    /// write it on the source's span ([`crate::arrivals`]).
+    fn take_arrivals(&self) -> Option<Arrivals> {
         None
     }
 }
@@ -153,6 +162,9 @@ macro_rules! forward_broadcaster {
                 payload: Option<&[u8]>,
             ) -> Option<Result<Vec<u8>>> {
                 (**self).broadcast_sync(root, payload)
+            }
+            fn take_arrivals(&self) -> Option<Arrivals> {
+                (**self).take_arrivals()
             }
         }
     )*};

@@ -11,6 +11,7 @@
 //! - [`Hierarchical`]: a broadcaster made of a leaders group and a per-node group.
 //! - [`blocking`]: synchronous twins for code with no async runtime.
 //! - [`clock`]: every rank's wall-clock offset from a reference rank, with an error bound.
+//! - [`arrivals`]: which rank came last to a round, written on the source's step span.
 //! - [`backend`]: for those who write a backend (argument checks, deadlines, the slab round,
 //!   the W3C header parsers); users of lens do not need it.
 //!
@@ -58,6 +59,7 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod arrivals;
 pub mod backend;
 pub mod blocking;
 mod broadcast;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::Event;
 use futures::future::{Either, select};
+use lens_core::arrivals::Arrivals;
 use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result};
 
@@ -42,6 +43,8 @@ pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(10);
 struct Round {
     root: usize,
     payload: Option<Arc<[u8]>>,
+    /// When each rank entered the round, for the root's [`Arrivals`].
+    entered: Vec<Option<Instant>>,
     taken: Vec<bool>,
     taken_count: usize,
     ready: Event,
@@ -116,6 +119,7 @@ impl LocalCluster {
                 shared: Arc::clone(&shared),
                 rank,
                 next_round: AtomicU64::new(0),
+                arrivals: Mutex::new(None),
             })
             .collect()
     }
@@ -134,6 +138,8 @@ pub struct LocalBroadcaster {
     shared: Arc<Shared>,
     rank: usize,
     next_round: AtomicU64,
+    /// How the ranks arrived at the last round this rank was the root of.
+    arrivals: Mutex<Option<Arrivals>>,
 }
 
 impl std::fmt::Debug for LocalBroadcaster {
@@ -197,6 +203,14 @@ impl Broadcaster for LocalBroadcaster {
         Some(self.rank)
     }
 
+    /// Every rank's entry into the round, on the process's one clock.
+    fn take_arrivals(&self) -> Option<Arrivals> {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
         let n = self.shared.world_size;
@@ -209,6 +223,7 @@ impl Broadcaster for LocalBroadcaster {
         let new_round = || Round {
             root,
             payload: None,
+            entered: vec![None; n],
             taken: vec![false; n],
             taken_count: 0,
             ready: Event::new(),
@@ -229,21 +244,34 @@ impl Broadcaster for LocalBroadcaster {
                 if round.root != root {
                     return Err(mismatch(round.root));
                 }
+                round.entered[root] = Some(start);
                 round.payload = Some(Arc::clone(&shared));
                 round.ready.notify(usize::MAX);
             }
             let done = self
                 .wait_for(deadline, |rounds| {
                     let Some(round) = rounds.get(&round_no) else {
-                        return Ok(Wait::Done(()));
+                        return Ok(Wait::Done(None));
                     };
                     if round.taken_count + 1 >= n {
-                        rounds.remove(&round_no);
-                        return Ok(Wait::Done(()));
+                        let entered = rounds.remove(&round_no).map(|r| r.entered);
+                        return Ok(Wait::Done(entered));
                     }
                     Ok(Wait::Pending(round.all_taken.listen()))
                 })
                 .await?;
+            if let Some(Some(entered)) = &done {
+                let times = entered.iter().enumerate().filter_map(|(r, at)| {
+                    let at = (*at)?;
+                    let after = at.saturating_duration_since(start).as_nanos();
+                    let before = start.saturating_duration_since(at).as_nanos();
+                    let ns = i64::try_from(after).unwrap_or(i64::MAX)
+                        - i64::try_from(before).unwrap_or(i64::MAX);
+                    Some((r, ns))
+                });
+                *self.arrivals.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Arrivals::from_times(times);
+            }
             if done.is_none() {
                 let mut rounds = self.shared.lock();
                 let missing = rounds
@@ -273,6 +301,7 @@ impl Broadcaster for LocalBroadcaster {
                     if round.root != root {
                         return Err(mismatch(round.root));
                     }
+                    round.entered[me].get_or_insert(start);
                     match &round.payload {
                         Some(p) => {
                             let p = Arc::clone(p);

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lens_core::arrivals::Arrivals;
 use lens_core::backend::check_broadcast_args;
 use lens_core::{Broadcaster, Error, Result};
 
@@ -282,6 +283,15 @@ impl Broadcaster for TcpBroadcaster {
 
     fn local_rank(&self) -> Option<usize> {
         self.local_rank
+    }
+
+    /// When rank 0 is the root: every acknowledgement says how long its rank came before
+    /// or after the data reached it, so the arrivals are on the root's clock within a
+    /// network hop, with no clock offsets needed. In a tree an ack carries its subtree's
+    /// earliest and latest few. Other roots get `None`.
+    fn take_arrivals(&self) -> Option<Arrivals> {
+        let times = std::mem::take(&mut self.group().arrivals);
+        Arrivals::from_times(times)
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {

@@ -36,6 +36,9 @@ pub(crate) struct Group {
     pub join: Join<ConnId>,
     pub round: u64,
     pub pending: VecDeque<(ConnId, Frame)>,
+    /// Rank 0 as the root of the last round: when each rank came to it, in ns after rank
+    /// 0 did.
+    pub arrivals: Vec<(usize, i64)>,
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
@@ -118,6 +121,7 @@ impl Group {
             join: Join::new(rank, n, tree, endpoint),
             round: 0,
             pending: VecDeque::new(),
+            arrivals: Vec::new(),
             last_answers: Vec::new(),
         }
     }

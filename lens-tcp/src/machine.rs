@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use std::borrow::Cow;
 
-use crate::message::Message;
+use crate::message::{MAX_ARRIVALS, Message};
 use crate::tree::Tree;
 
 /// Ranks other than 0 wait this fraction of a timeout longer than rank 0, so that they
@@ -151,6 +151,11 @@ pub(crate) struct RoundMachine {
     /// The root's data this rank relayed up, sent again when its parent proves itself
     /// again.
     relayed: Option<Vec<u8>>,
+    /// When ranks of this rank's subtree came to the round, on this rank's clock: its own
+    /// start, and what its children's acks said (each ack says how long before it was sent
+    /// its ranks came; the hop back is not counted, so each is late by at most one network
+    /// delay per tree level).
+    arrivals: Vec<(usize, Instant)>,
     outcome: Option<Outcome>,
 }
 
@@ -187,6 +192,7 @@ impl RoundMachine {
             ack_deadline: now,
             answers: Vec::new(),
             relayed: None,
+            arrivals: Vec::new(),
             outcome: None,
         };
         match (me, mine) {
@@ -211,6 +217,20 @@ impl RoundMachine {
     /// The outcome, once the round is over on this rank (taken: asked once).
     pub(crate) fn take_outcome(&mut self) -> Option<Outcome> {
         self.outcome.take()
+    }
+
+    /// Rank 0 as the root, once every rank has the data: when each came to the round, in
+    /// ns after rank 0 did; empty otherwise (taken).
+    pub(crate) fn take_arrivals(&mut self) -> Vec<(usize, i64)> {
+        if self.me == 0 && self.root == 0 && matches!(self.outcome, Some(Outcome::Delivered(_))) {
+            let start = self.start;
+            std::mem::take(&mut self.arrivals)
+                .into_iter()
+                .map(|(r, at)| (r, -ns_between(at, start)))
+                .collect()
+        } else {
+            Vec::new()
+        }
     }
 
     /// What to say again when the same frame comes again, once the round is over.
@@ -290,7 +310,13 @@ impl RoundMachine {
                 }
                 self.end(Outcome::Missing(missing.clone()));
             }
-            (Step::Acks, Message::Ack { missing: below }) if from == From::Rank(sender) => {
+            (
+                Step::Acks,
+                Message::Ack {
+                    missing: below,
+                    arrivals,
+                },
+            ) if from == From::Rank(sender) => {
                 let Some(at) = self.waiting.iter().position(|&c| c == sender) else {
                     return false;
                 };
@@ -305,7 +331,14 @@ impl RoundMachine {
                 }
                 self.missing
                     .extend(below.iter().copied().filter(|&r| tree.is_below(r, sender)));
-                self.acks_done(links);
+                self.arrivals.extend(
+                    arrivals
+                        .iter()
+                        .filter(|&&(r, _)| tree.is_below(r, sender))
+                        .take(MAX_ARRIVALS)
+                        .map(|&(r, before)| (r, shift(now, before))),
+                );
+                self.acks_done(links, now);
             }
             (Step::Verdict, Message::Done | Message::Fail { .. }) if from == up => {
                 if self.me != self.root {
@@ -409,7 +442,7 @@ impl RoundMachine {
                 for c in self.waiting.drain(..).chain(self.unreached.drain(..)) {
                     self.missing.extend(tree.subtree(c));
                 }
-                self.acks_done(links);
+                self.acks_done(links, now);
             }
             Step::Verdict if self.me != self.root => {
                 // On the path: the verdict never came, but this rank has the data.
@@ -423,6 +456,7 @@ impl RoundMachine {
 
     /// Down to the children.
     fn forward(&mut self, links: &mut impl Links, data: Vec<u8>, now: Instant) {
+        self.arrivals.push((self.me, self.start));
         for c in self.tree.children(self.me) {
             if links.send(To::Rank(c), &Message::Data(Cow::Borrowed(&data))) {
                 self.waiting.push(c);
@@ -442,11 +476,11 @@ impl RoundMachine {
         let levels = u32::try_from(max_depth + 1).unwrap_or(1);
         self.ack_deadline = (now + self.timeout * share / levels).min(self.member_deadline());
         self.step = Step::Acks;
-        self.acks_done(links);
+        self.acks_done(links, now);
     }
 
     /// Once no child is owed an ack: report up, or (rank 0) the verdict.
-    fn acks_done(&mut self, links: &mut impl Links) {
+    fn acks_done(&mut self, links: &mut impl Links, now: Instant) {
         if !self.waiting.is_empty() || !self.unreached.is_empty() {
             return;
         }
@@ -458,6 +492,12 @@ impl RoundMachine {
         }
         let ack = Message::Ack {
             missing: self.missing.clone(),
+            arrivals: few_arrivals(
+                std::mem::take(&mut self.arrivals)
+                    .into_iter()
+                    .map(|(r, at)| (r, ns_between(at, now)))
+                    .collect(),
+            ),
         };
         self.answers.push(Answer {
             round: self.round,
@@ -532,6 +572,38 @@ impl RoundMachine {
         self.step = Step::Over;
         self.outcome = Some(outcome);
     }
+}
+
+/// How long before `later` the instant `at` was, in ns (negative when it was after).
+fn ns_between(at: Instant, later: Instant) -> i64 {
+    let before = later.saturating_duration_since(at).as_nanos();
+    let after = at.saturating_duration_since(later).as_nanos();
+    i64::try_from(before).unwrap_or(i64::MAX) - i64::try_from(after).unwrap_or(i64::MAX)
+}
+
+/// The instant `before` ns before `now` (after it, for a negative `before`), as near as
+/// the clock can say.
+fn shift(now: Instant, before: i64) -> Instant {
+    let d = Duration::from_nanos(before.unsigned_abs());
+    if before >= 0 {
+        now.checked_sub(d).unwrap_or(now)
+    } else {
+        now.checked_add(d).unwrap_or(now)
+    }
+}
+
+/// What an ACK carries of its subtree's arrivals (each in ns before the ack): the latest
+/// ones and the earliest, at most [`MAX_ARRIVALS`] (a star's ack carries its own rank's).
+fn few_arrivals(mut all: Vec<(usize, i64)>) -> Vec<(usize, i64)> {
+    if all.len() <= MAX_ARRIVALS {
+        return all;
+    }
+    // Latest first: the fewest ns before the ack.
+    all.sort_unstable_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    let earliest = all[all.len() - 1];
+    all.truncate(MAX_ARRIVALS - 1);
+    all.push(earliest);
+    all
 }
 
 #[cfg(test)]

@@ -83,8 +83,13 @@ pub(crate) enum Message<'a> {
     JoinFail { joiner: Nonce, missing: Vec<usize> },
     /// A round's payload.
     Data(Cow<'a, [u8]>),
-    /// A rank received a round: the ranks missing below it.
-    Ack { missing: Vec<usize> },
+    /// A rank received a round: the ranks missing below it, and when ranks of its subtree
+    /// came to the round (the earliest and the latest few, at most [`MAX_ARRIVALS`]), each
+    /// in nanoseconds after the data reached that rank (negative: it came first and waited).
+    Ack {
+        missing: Vec<usize>,
+        arrivals: Vec<(usize, i64)>,
+    },
     /// Every rank received the round (rank 0 to the root).
     Done,
     /// The round failed for want of these ranks.
@@ -143,7 +148,15 @@ impl Message<'_> {
                 p.extend_from_slice(joiner);
                 push_ranks(&mut p, missing);
             }
-            Message::Ack { missing } | Message::Fail { missing } => push_ranks(&mut p, missing),
+            Message::Ack { missing, arrivals } => {
+                p.extend_from_slice(&u32::try_from(missing.len()).unwrap_or(0).to_le_bytes());
+                push_ranks(&mut p, missing);
+                for &(r, ns) in arrivals.iter().take(MAX_ARRIVALS) {
+                    push_ranks(&mut p, &[r]);
+                    p.extend_from_slice(&ns.to_le_bytes());
+                }
+            }
+            Message::Fail { missing } => push_ranks(&mut p, missing),
         }
         Cow::Owned(p)
     }
@@ -172,7 +185,7 @@ impl Message<'_> {
             },
             Message::JoinFail { joiner, missing } => Message::JoinFail { joiner, missing },
             Message::Data(d) => Message::Data(Cow::Owned(d.into_owned())),
-            Message::Ack { missing } => Message::Ack { missing },
+            Message::Ack { missing, arrivals } => Message::Ack { missing, arrivals },
             Message::Done => Message::Done,
             Message::Fail { missing } => Message::Fail { missing },
         }
@@ -224,9 +237,25 @@ impl Message<'static> {
                 missing: read_ranks(p.get(NONCE..)?)?,
             },
             Kind::Data => Message::Data(Cow::Owned(p)),
-            Kind::Ack => Message::Ack {
-                missing: read_ranks(&p)?,
-            },
+            Kind::Ack => {
+                let count = usize::try_from(u32_at(&p, 0)?).ok()?;
+                let end = count.checked_mul(4)?.checked_add(4)?;
+                let missing = read_ranks(p.get(4..end)?)?;
+                let rest = p.get(end..)?;
+                if rest.len() % 12 != 0 || rest.len() / 12 > MAX_ARRIVALS {
+                    return None;
+                }
+                let arrivals = rest
+                    .chunks_exact(12)
+                    .map(|c| {
+                        let r = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+                        let mut ns = [0u8; 8];
+                        ns.copy_from_slice(&c[4..]);
+                        (r, i64::from_le_bytes(ns))
+                    })
+                    .collect();
+                Message::Ack { missing, arrivals }
+            }
             Kind::Done => {
                 p.is_empty().then_some(())?;
                 Message::Done
@@ -262,6 +291,9 @@ fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
     let s = p.get(at + 2..at + 2 + len)?;
     Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
 }
+
+/// Arrivals an ACK carries at most: the earliest of its subtree and the latest ones.
+pub(crate) const MAX_ARRIVALS: usize = 8;
 
 /// Ranks are below the world size, which the configuration keeps within u32.
 fn push_ranks(p: &mut Vec<u8>, ranks: &[usize]) {
@@ -326,9 +358,13 @@ mod tests {
             },
             Message::Data(Cow::Borrowed(b"a carrier")),
             Message::Data(Cow::Borrowed(b"")),
-            Message::Ack { missing: vec![] },
+            Message::Ack {
+                missing: vec![],
+                arrivals: vec![],
+            },
             Message::Ack {
                 missing: vec![1, 5],
+                arrivals: vec![(3, -12), (4, i64::MAX), (9, 0)],
             },
             Message::Done,
             Message::Fail { missing: vec![3] },
@@ -365,7 +401,23 @@ mod tests {
                 [welcome, vec![0]].concat(),
             ),
             ("welcome without its endpoint", Kind::Welcome, a.to_vec()),
-            ("ranks not a multiple of 4", Kind::Ack, vec![0; 5]),
+            ("ranks not a multiple of 4", Kind::Fail, vec![0; 5]),
+            ("an ack without its count", Kind::Ack, vec![0; 3]),
+            (
+                "an ack counting more ranks than it holds",
+                Kind::Ack,
+                [2u32.to_le_bytes().to_vec(), vec![0; 4]].concat(),
+            ),
+            (
+                "an arrival cut short",
+                Kind::Ack,
+                [vec![0; 4], vec![0; 11]].concat(),
+            ),
+            (
+                "more arrivals than an ack may carry",
+                Kind::Ack,
+                [vec![0; 4], vec![0; 12 * 9]].concat(),
+            ),
             ("join failure too short", Kind::JoinFail, vec![0; 15]),
             ("reject too short", Kind::Reject, vec![0; 15]),
             ("done with a payload", Kind::Done, vec![0]),

@@ -105,6 +105,7 @@ impl Group {
             m.on_time(&mut self.links(root), Instant::now());
         }
         self.last_answers = m.answers().to_vec();
+        self.arrivals = m.take_arrivals();
         let after = m.elapsed(Instant::now());
         match m.take_outcome() {
             Some(Outcome::Delivered(data)) => Ok(data),

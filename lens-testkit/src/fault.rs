@@ -87,6 +87,10 @@ impl<B: Broadcaster> Broadcaster for Faulty<B> {
         self.inner.local_rank()
     }
 
+    fn take_arrivals(&self) -> Option<lens_core::arrivals::Arrivals> {
+        self.inner.take_arrivals()
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         for fault in &self.faults {
             if let Fault::Delay(d) = fault {

@@ -282,3 +282,72 @@ async fn a_panicking_rank_is_reported_as_panicked() {
     }
     assert!(matches!(report.ranks[0].outcome, Some(Ok(()))));
 }
+
+/// The source's step span names the rank that came last and how far apart the ranks came,
+/// with an event for each rank later than the threshold (here 20 ms, so that a loaded
+/// machine's scheduling does not name the punctual ranks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_span_names_the_straggler() {
+    use lens_core::arrivals::{self, keys};
+    use opentelemetry::Value;
+
+    arrivals::set_late_threshold(Duration::from_millis(20));
+    let report = Cluster::builder(4)
+        .fault(2, Fault::Delay(Duration::from_millis(150)))
+        .fault(0, Fault::Delay(Duration::from_millis(50)))
+        .build()
+        .run(|r| pipeline_step(r, Parent::Remote))
+        .await
+        .expect("run");
+    report.outcomes().expect("all ok");
+    let step = report.named(0, "train_step")[0];
+    let attr = |k: &str| {
+        step.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(attr(keys::LAST_RANK), Some(Value::I64(2)), "{step:?}");
+    let Some(Value::I64(spread)) = attr(keys::SPREAD_NS) else {
+        panic!("no spread on {step:?}");
+    };
+    // Rank 2 came 150 ms after ranks 1 and 3 (the delay is a lower bound; a loaded machine
+    // adds to it).
+    assert!(
+        (150_000_000..1_000_000_000).contains(&spread),
+        "spread {spread} ns"
+    );
+    let late: Vec<(i64, i64)> = step
+        .events
+        .iter()
+        .filter(|e| e.name == keys::LATE_EVENT)
+        .map(|e| {
+            let get = |k: &str| match e.attributes.iter().find(|kv| kv.key.as_str() == k) {
+                Some(kv) => match kv.value {
+                    Value::I64(v) => v,
+                    _ => -1,
+                },
+                None => -1,
+            };
+            (get(keys::RANK), get(keys::LATE_NS))
+        })
+        .collect();
+    let ranks: Vec<i64> = late.iter().map(|&(r, _)| r).collect();
+    assert_eq!(
+        ranks,
+        vec![2, 0],
+        "latest first, punctual ranks not named: {late:?}"
+    );
+    assert!(late[1].1 >= 50_000_000, "rank 0 came 50 ms late: {late:?}");
+    // Other ranks' spans carry nothing of it: only the source knows.
+    for rank in 1..4 {
+        for span in report.spans(rank) {
+            assert!(
+                span.attributes
+                    .iter()
+                    .all(|kv| kv.key.as_str() != keys::LAST_RANK),
+                "rank {rank}: {span:?}"
+            );
+        }
+    }
+}

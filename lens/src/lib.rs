@@ -17,7 +17,9 @@
 //! | `tracing` | `lens::tracing`: for `tracing` users, broadcast a span's context and open linked `tracing` spans |
 //! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
 //!
-//! This crate re-exports everything of `lens-core`.
+//! This crate re-exports `lens-core`'s user surface by name (the broadcasts, the
+//! [`Broadcaster`] trait, carriers, linked spans, ranks, clock offsets, errors); what a
+//! backend author needs stays under [`backend`]. Which rank came last to a round: [`arrivals`].
 //!
 //! **One trace per job.** A linked span's parent is [`Parent::Auto`] by default: the rank's
 //! current span if it has one (as NeMo Lens does), else the broadcast span, so a rank with
@@ -61,7 +63,17 @@
 //! ```
 #![warn(missing_docs)]
 
-pub use lens_core::*;
+pub use lens_core::{
+    BoxError, Broadcaster, Carrier, CarrierError, ClockOffset, DEFAULT_MAX_PAYLOAD, Error,
+    Hierarchical, Launcher, LinkedSpan, LinkedSpanBuilder, NodeLayout, Parent, RankInfo, Remote,
+    Result, broadcast_carrier, broadcast_context, broadcast_trace_context, create_linked_span,
+    measure_clock_offsets,
+};
+pub use lens_core::{arrivals, blocking, carrier, clock, link, rank};
+
+/// For those who write a backend: argument checks, deadlines, the slab round, the W3C
+/// header parsers. Users of lens do not need it.
+pub use lens_core::backend;
 
 /// The OpenTelemetry API lens is built with: name it through lens to get the same version.
 pub use opentelemetry;

@@ -221,3 +221,67 @@ fn tcp_job_forms_and_runs_under_attack() {
     }
     drop((held, raw));
 }
+
+/// `--inject delay:R:MS` on TCP processes: every step's header names rank R as the rank
+/// that came last, at least the delay after the first.
+#[test]
+fn tcp_demo_names_the_straggler_in_every_step() {
+    let run = lens(
+        &[
+            "demo",
+            "--backend",
+            "tcp",
+            "--ranks",
+            "4",
+            "--steps",
+            "3",
+            "--inject",
+            "delay:2:40",
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "stderr: {}\nstdout: {}", run.stderr, run.stdout);
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.contains("arrivals:"))
+        .collect();
+    assert_eq!(lines.len(), 3, "one per step shown: {}", run.stdout);
+    for l in lines {
+        assert!(l.contains("rank 2 came last"), "{l}");
+        let ms: f64 = l
+            .split("last, ")
+            .nth(1)
+            .and_then(|t| t.split(" ms").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no spread in {l}"));
+        assert!(ms >= 39.0, "{l}");
+    }
+}
+
+/// `--inject absent:R` on TCP processes: the rank joins and leaves before the first step;
+/// the others fail naming it.
+#[test]
+fn tcp_demo_with_an_absent_rank_names_it() {
+    let run = lens(
+        &[
+            "demo",
+            "--backend",
+            "tcp",
+            "--ranks",
+            "3",
+            "--steps",
+            "2",
+            "--inject",
+            "absent:1",
+            "--timeout",
+            "2",
+            "--quiet",
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(!run.ok, "{}", run.stdout);
+    assert!(run.stderr.contains("[1]"), "{}", run.stderr);
+}

@@ -129,7 +129,14 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
     {
         // Rank 1's ack for the next round, sent early, naming rank 2 as missing.
         let mut g = ranks[1].group();
-        let forged = g.frame(&Message::Ack { missing: vec![2] }, 1, 0);
+        let forged = g.frame(
+            &Message::Ack {
+                missing: vec![2],
+                arrivals: Vec::new(),
+            },
+            1,
+            0,
+        );
         g.send(&ConnId::outbound(Side::Hub), &forged).expect("send");
     }
     let results = lens_testkit::on_each_rank(&ranks, |b| {

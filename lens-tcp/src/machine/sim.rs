@@ -322,6 +322,7 @@ impl Sim {
                         0 => Message::Data(Cow::Borrowed(b"forged")),
                         1 => Message::Ack {
                             missing: vec![x % n],
+                            arrivals: vec![(x % n, -1)],
                         },
                         2 => Message::Done,
                         _ => Message::Fail {
@@ -355,7 +356,10 @@ impl Sim {
                 let msg = Msg {
                     sender: member,
                     root: self.root,
-                    msg: Message::Ack { missing: outside },
+                    msg: Message::Ack {
+                        missing: outside,
+                        arrivals: Vec::new(),
+                    },
                 };
                 self.hand(server, From::Rank(member), msg);
             }

@@ -100,7 +100,11 @@ pub(crate) fn run_ranks(
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("exited with an error")
-                .trim_start_matches("lens: ")
+                .trim_start_matches("lens: ");
+            // The rank names itself; the job's report names it once.
+            let reason = reason
+                .strip_prefix(&format!("rank {rank}: "))
+                .unwrap_or(reason)
                 .to_owned();
             let timeout = reason.contains("timed out");
             job.failures.push((rank, reason, timeout));

@@ -3,6 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use lens::arrivals;
 use lens::link::attributes::LINK_SOURCE_RANK;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
@@ -32,6 +33,20 @@ pub(crate) struct SpanRecord {
     pub(crate) start_us: f64,
     pub(crate) end_us: f64,
     pub(crate) links: Vec<LinkRecord>,
+    /// On the source's step span: the rank that came last to the step's broadcast, and how
+    /// far apart the ranks came (ns), where the backend knows.
+    pub(crate) last_rank: Option<i64>,
+    pub(crate) spread_ns: Option<i64>,
+}
+
+fn int_attr(s: &SpanData, key: &str) -> Option<i64> {
+    s.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .and_then(|kv| match kv.value {
+            Value::I64(v) => Some(v),
+            _ => None,
+        })
 }
 
 fn unix_us(t: SystemTime) -> f64 {
@@ -41,14 +56,7 @@ fn unix_us(t: SystemTime) -> f64 {
 
 impl SpanRecord {
     pub(crate) fn from_span(rank: usize, s: &SpanData, step_key: &str) -> Self {
-        let step = s
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == step_key)
-            .and_then(|kv| match kv.value {
-                Value::I64(v) => Some(v),
-                _ => None,
-            });
+        let step = int_attr(s, step_key);
         SpanRecord {
             rank,
             name: s.name.to_string(),
@@ -74,6 +82,8 @@ impl SpanRecord {
                         }),
                 })
                 .collect(),
+            last_rank: int_attr(s, arrivals::keys::LAST_RANK),
+            spread_ns: int_attr(s, arrivals::keys::SPREAD_NS),
         }
     }
 
@@ -81,7 +91,7 @@ impl SpanRecord {
         json!({
             "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
             "parent_span_id": self.parent_span_id, "step": self.step, "start_us": self.start_us,
-            "end_us": self.end_us,
+            "end_us": self.end_us, "last_rank": self.last_rank, "spread_ns": self.spread_ns,
             "links": self.links.iter().map(|l| json!({
                 "trace_id": l.trace_id, "span_id": l.span_id, "source_rank": l.source_rank,
             })).collect::<Vec<_>>(),
@@ -112,6 +122,8 @@ impl SpanRecord {
                     })
                 })
                 .collect::<Option<Vec<_>>>()?,
+            last_rank: v.get("last_rank").and_then(Json::as_i64),
+            spread_ns: v.get("spread_ns").and_then(Json::as_i64),
         })
     }
 }

@@ -36,6 +36,13 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
             root.trace_id,
             root.span_id
         );
+        if let (Some(last), Some(spread)) = (root.last_rank, root.spread_ns) {
+            let _ = writeln!(
+                out,
+                "  arrivals: rank {last} came last, {:.2} ms after the first",
+                spread as f64 / 1e6
+            );
+        }
         let shown: Vec<usize> = if n <= MAX_RANKS_SHOWN {
             (0..n).collect()
         } else {

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::Injected;
 use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, LocalBroadcaster, LocalCluster};
 use lens::{Broadcaster, blocking};
 use opentelemetry::Context;
@@ -151,24 +152,9 @@ impl BenchRank for LocalRank {
 }
 
 fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilder, String> {
-    let parts: Vec<&str> = spec.split(':').collect();
-    let rank = |s: &str| -> Result<usize, String> {
-        s.parse::<usize>()
-            .ok()
-            .filter(|r| *r < n)
-            .ok_or_else(|| format!("--inject {spec:?}: {s:?} is not a rank below {n}"))
-    };
-    match parts.as_slice() {
-        ["absent", r] => Ok(builder.absent(rank(r)?)),
-        ["corrupt", r] => Ok(builder.fault(rank(r)?, Fault::Corrupt(Corruption::Truncate))),
-        ["delay", r, ms] => {
-            let ms: u64 = ms
-                .parse()
-                .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
-            Ok(builder.fault(rank(r)?, Fault::Delay(Duration::from_millis(ms))))
-        }
-        _ => Err(format!(
-            "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
-        )),
-    }
+    Ok(match Injected::parse(spec, n)? {
+        Injected::Absent(r) => builder.absent(r),
+        Injected::Corrupt(r) => builder.fault(r, Fault::Corrupt(Corruption::Truncate)),
+        Injected::Delay(r, d) => builder.fault(r, Fault::Delay(d)),
+    })
 }

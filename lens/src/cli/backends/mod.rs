@@ -1,5 +1,7 @@
 //! One file per backend, each implementing [`super::backend::Backend`].
 
+use std::time::Duration;
+
 use super::args::BackendArg;
 use super::backend::Backend;
 
@@ -21,5 +23,48 @@ pub(crate) fn select(arg: BackendArg) -> &'static dyn Backend {
         BackendArg::Mpi => &mpi::Mpi,
         #[cfg(feature = "nccl")]
         BackendArg::Nccl => &nccl::Nccl,
+    }
+}
+
+/// A fault `--inject` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Injected {
+    /// The rank never takes part in a step.
+    Absent(usize),
+    /// The bytes the rank receives are damaged.
+    Corrupt(usize),
+    /// The rank comes this late to every step's broadcast.
+    Delay(usize, Duration),
+}
+
+impl Injected {
+    pub(crate) fn rank(self) -> usize {
+        match self {
+            Injected::Absent(r) | Injected::Corrupt(r) | Injected::Delay(r, _) => r,
+        }
+    }
+
+    /// `absent:R`, `corrupt:R` or `delay:R:MS`, for a job of `n` ranks.
+    pub(crate) fn parse(spec: &str, n: usize) -> Result<Injected, String> {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let rank = |s: &str| -> Result<usize, String> {
+            s.parse::<usize>()
+                .ok()
+                .filter(|r| *r < n)
+                .ok_or_else(|| format!("--inject {spec:?}: {s:?} is not a rank below {n}"))
+        };
+        match parts.as_slice() {
+            ["absent", r] => Ok(Injected::Absent(rank(r)?)),
+            ["corrupt", r] => Ok(Injected::Corrupt(rank(r)?)),
+            ["delay", r, ms] => {
+                let ms: u64 = ms
+                    .parse()
+                    .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
+                Ok(Injected::Delay(rank(r)?, Duration::from_millis(ms)))
+            }
+            _ => Err(format!(
+                "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
+            )),
+        }
     }
 }

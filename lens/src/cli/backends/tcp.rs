@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lens::Broadcaster;
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
+use lens::testkit::{Corruption, Fault, Faulty};
 use opentelemetry::Context;
 
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
@@ -16,6 +17,7 @@ use super::super::launcher;
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
 use super::super::record::Job;
+use super::Injected;
 
 /// Most ranks the bench runs, one thread (and two sockets) each.
 const MAX_BENCH_RANKS: usize = 256;
@@ -30,16 +32,32 @@ impl Backend for Tcp {
     }
 
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
-        if !args.inject.is_empty() {
-            return Err(
-                "--inject works with the local backend; with tcp, stop a rank's process instead"
-                    .into(),
-            );
-        }
         match args.rank {
             Some(rank) => {
                 let rank = rank as usize;
+                let n = args.world.map_or(args.ranks as usize, |w| w as usize);
+                let mine = args
+                    .inject
+                    .iter()
+                    .map(|spec| Injected::parse(spec, n))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .filter(|f| f.rank() == rank)
+                    .collect::<Vec<_>>();
                 let group = join(args, rank, timeout)?;
+                if mine.iter().any(|f| matches!(f, Injected::Absent(_))) {
+                    // It joined, and leaves before the first step: the others name it.
+                    return Err(format!("absent (--inject absent:{rank})"));
+                }
+                let faults = mine
+                    .iter()
+                    .filter_map(|f| match *f {
+                        Injected::Delay(_, d) => Some(Fault::Delay(d)),
+                        Injected::Corrupt(_) => Some(Fault::Corrupt(Corruption::Truncate)),
+                        Injected::Absent(_) => None,
+                    })
+                    .collect();
+                let group = Faulty::new(group, faults);
                 let otlp = OtlpChoice::from_args(args)?;
                 let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
                 Ok(DemoRun::Rank { rank, run })
@@ -122,6 +140,11 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
             .args(["--addr", &format!("127.0.0.1:{port}")])
             .args(["--steps", &steps.to_string(), "--parent", parent])
             .args(["--timeout", &args.timeout.to_string()])
+            .args(
+                args.inject
+                    .iter()
+                    .flat_map(|spec| ["--inject", spec.as_str()]),
+            )
             // One host: a rank's local rank is its rank, as torchrun would say.
             .env("LOCAL_RANK", rank.to_string())
             .env(lens::tcp::env::KEY_FILE, &key.0)
