@@ -38,6 +38,8 @@ pub(crate) enum Injected {
 }
 
 impl Injected {
+    /// The rank the fault is for (a process of a multi-process job picks its own).
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     pub(crate) fn rank(self) -> usize {
         match self {
             Injected::Absent(r) | Injected::Corrupt(r) | Injected::Delay(r, _) => r,
