@@ -29,15 +29,17 @@ use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
 use crate::error::Result;
 
-/// Blocking [`Broadcaster::broadcast`].
+/// Blocking [`Broadcaster::broadcast`]; a timeout is reported as a `lens.hang` span
+/// ([`crate::hang`]).
 ///
 /// # Errors
 /// As the backend's `broadcast`.
 pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-    match b.broadcast_sync(root, payload) {
+    let done = match b.broadcast_sync(root, payload) {
         Some(done) => done,
         None => futures::executor::block_on(b.broadcast(root, payload)),
-    }
+    };
+    done.map_err(|e| crate::hang::on_error(b, e))
 }
 
 /// Blocking [`crate::broadcast_trace_context`]; the source injects this thread's current

@@ -82,6 +82,12 @@ pub trait Broadcaster: Send + Sync {
     fn take_arrivals(&self) -> Option<Arrivals> {
         None
     }
+
+    /// How many rounds this rank has started, the one running included, where the backend
+    /// counts them: a hang report ([`crate::hang`]) names the round that timed out by it.
+    fn rounds_started(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One round through [`Broadcaster::broadcast_sync`] where the backend has it, else
@@ -91,10 +97,11 @@ pub(crate) async fn round(
     root: usize,
     payload: Option<&[u8]>,
 ) -> Result<Vec<u8>> {
-    match b.broadcast_sync(root, payload) {
+    let done = match b.broadcast_sync(root, payload) {
         Some(done) => done,
         None => b.broadcast(root, payload).await,
-    }
+    };
+    done.map_err(|e| crate::hang::on_error(b, e))
 }
 
 /// Longest deadline any lens backend accepts (one year). Deadlines are added to the clock,
@@ -165,6 +172,9 @@ macro_rules! forward_broadcaster {
             }
             fn take_arrivals(&self) -> Option<Arrivals> {
                 (**self).take_arrivals()
+            }
+            fn rounds_started(&self) -> Option<u64> {
+                (**self).rounds_started()
             }
         }
     )*};

@@ -12,6 +12,7 @@
 //! - [`blocking`]: synchronous twins for code with no async runtime.
 //! - [`clock`]: every rank's wall-clock offset from a reference rank, with an error bound.
 //! - [`arrivals`]: which rank came last to a round, written on the source's step span.
+//! - [`hang`]: where every rank was when a round timed out, as a `lens.hang` span.
 //! - [`backend`]: for those who write a backend (argument checks, deadlines, the slab round,
 //!   the W3C header parsers); users of lens do not need it.
 //!
@@ -67,6 +68,7 @@ mod broadcaster;
 pub mod carrier;
 pub mod clock;
 mod error;
+pub mod hang;
 mod hierarchical;
 pub mod link;
 pub mod rank;

@@ -203,6 +203,10 @@ impl Broadcaster for LocalBroadcaster {
         Some(self.rank)
     }
 
+    fn rounds_started(&self) -> Option<u64> {
+        Some(self.next_round.load(Ordering::Relaxed))
+    }
+
     /// Every rank's entry into the round, on the process's one clock.
     fn take_arrivals(&self) -> Option<Arrivals> {
         self.arrivals

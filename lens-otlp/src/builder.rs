@@ -80,6 +80,8 @@ pub struct OtlpBuilder {
     clock: Option<lens_core::ClockOffset>,
     /// Whether exported timestamps are moved onto the reference clock (default on).
     correct_timestamps: bool,
+    /// Whether the provider keeps its open spans for hang reports (default on).
+    open_spans: bool,
     /// What resource detection reads (Slurm's ids, `CUDA_VISIBLE_DEVICES`, `HOSTNAME`), read
     /// when the builder is made: from the process, or from `from_vars`'s lookup.
     detect: Vec<(&'static str, String)>,
@@ -113,6 +115,7 @@ impl OtlpBuilder {
             headers: Vec::new(),
             tls: TlsFiles::default(),
             clock: None,
+            open_spans: true,
             correct_timestamps: true,
             detect: detected(&|k| std::env::var(k).ok()),
             env_errors: EnvErrors::default(),
@@ -363,6 +366,14 @@ impl OtlpBuilder {
         self
     }
 
+    /// Whether the provider keeps its open spans (`lens_core::hang::OpenSpans`), so that a
+    /// hang report names what each rank was in when a round timed out (default on; the
+    /// cost is a copy of each span's data at its start).
+    pub fn track_open_spans(mut self, on: bool) -> Self {
+        self.open_spans = on;
+        self
+    }
+
     /// More resource attributes, besides the rank's.
     pub fn resource_attributes(mut self, attrs: impl IntoIterator<Item = KeyValue>) -> Self {
         self.resource.extend(attrs);
@@ -413,6 +424,9 @@ impl OtlpBuilder {
             // The specification's disabled SDK: nothing recorded, nothing exported. Spans
             // still carry a context, so broadcasts and links work.
             provider = provider.with_sampler(Sampler::AlwaysOff);
+        }
+        if self.open_spans && !self.disabled {
+            provider = provider.with_span_processor(lens_core::hang::OpenSpans);
         }
         for add in self.also.0 {
             provider = add(provider);

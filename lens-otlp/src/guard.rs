@@ -25,6 +25,8 @@ pub struct OtlpGuard {
     target: Option<(Protocol, String)>,
     shutdown_timeout: Duration,
     done: bool,
+    /// The id of the hang-report flush this guard set ([`OtlpGuard::set_global`]).
+    hang_flush: Option<u64>,
 }
 
 impl std::fmt::Debug for OtlpGuard {
@@ -54,6 +56,7 @@ impl OtlpGuard {
             target,
             shutdown_timeout,
             done: false,
+            hang_flush: None,
         }
     }
 
@@ -73,9 +76,17 @@ impl OtlpGuard {
     }
 
     /// Makes this provider the global one, for code that calls
-    /// `opentelemetry::global::tracer(..)`. The guard still owns the shutdown.
-    pub fn set_global(&self) {
+    /// `opentelemetry::global::tracer(..)`. The guard still owns the shutdown. A round that
+    /// times out then reports through it (`lens_core::hang`): the `lens.hang` span is
+    /// flushed before the error returns, until the guard shuts down.
+    pub fn set_global(&mut self) {
         opentelemetry::global::set_tracer_provider(self.provider.clone());
+        let provider = self.provider.clone();
+        self.hang_flush = Some(lens_core::hang::set_flush(Box::new(move || {
+            if let Err(e) = provider.force_flush() {
+                tracing::warn!(error = %e, "lens-otlp: the hang report was not flushed");
+            }
+        })));
     }
 
     /// The rank this provider describes.
@@ -124,6 +135,9 @@ impl OtlpGuard {
 
     fn finish(&mut self) -> Result<ExportStats> {
         self.done = true;
+        if let Some(id) = self.hang_flush.take() {
+            lens_core::hang::clear_flush(id);
+        }
         let shut = self.provider.shutdown_with_timeout(self.shutdown_timeout);
         // tonic's tasks stop with the runtime; never block here (we may be inside async code).
         if let Some(rt) = self.runtime.take() {

@@ -289,6 +289,10 @@ impl Broadcaster for TcpBroadcaster {
     /// or after the data reached it, so the arrivals are on the root's clock within a
     /// network hop, with no clock offsets needed. In a tree an ack carries its subtree's
     /// earliest and latest few. Other roots get `None`.
+    fn rounds_started(&self) -> Option<u64> {
+        Some(self.group().round)
+    }
+
     fn take_arrivals(&self) -> Option<Arrivals> {
         let times = std::mem::take(&mut self.group().arrivals);
         Arrivals::from_times(times)

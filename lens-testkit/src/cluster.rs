@@ -184,7 +184,9 @@ impl Cluster {
             let info = RankInfo::new(rank, n)?.with_local_rank(rank);
             let provider = match &self.cfg.providers {
                 Some(make) => (make.0)(&info, exporter.clone()),
+                // Hang reports name the spans open in the process (`lens_core::hang`).
                 None => SdkTracerProvider::builder()
+                    .with_span_processor(lens_core::hang::OpenSpans)
                     .with_simple_exporter(exporter.clone())
                     .with_resource(info.resource())
                     .build(),

@@ -91,6 +91,10 @@ impl<B: Broadcaster> Broadcaster for Faulty<B> {
         self.inner.take_arrivals()
     }
 
+    fn rounds_started(&self) -> Option<u64> {
+        self.inner.rounds_started()
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         for fault in &self.faults {
             if let Fault::Delay(d) = fault {

@@ -261,9 +261,10 @@ fn tcp_demo_names_the_straggler_in_every_step() {
 }
 
 /// `--inject absent:R` on TCP processes: the rank joins and leaves before the first step;
-/// the others fail naming it.
+/// the others fail naming it, and each leaves a hang report (`lens.hang`) naming the round,
+/// the rank it waited for and the spans it had open.
 #[test]
-fn tcp_demo_with_an_absent_rank_names_it() {
+fn tcp_demo_with_an_absent_rank_names_it_and_reports_the_hang() {
     let run = lens(
         &[
             "demo",
@@ -277,11 +278,24 @@ fn tcp_demo_with_an_absent_rank_names_it() {
             "absent:1",
             "--timeout",
             "2",
-            "--quiet",
         ],
         &[],
         DEADLINE,
     );
     assert!(!run.ok, "{}", run.stdout);
-    assert!(run.stderr.contains("[1]"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("waiting for rank(s) [1]"),
+        "{}",
+        run.stderr
+    );
+    let line = run
+        .stdout
+        .split("hang reports (lens.hang):")
+        .nth(1)
+        .and_then(|rest| rest.lines().find(|l| l.trim_start().starts_with("rank 0 ")))
+        .unwrap_or_else(|| panic!("no hang report of rank 0: {}", run.stdout));
+    assert!(
+        line.contains("round 1 timed out waiting for [1]") && line.contains("open: train_step ("),
+        "{line}"
+    );
 }

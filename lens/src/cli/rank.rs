@@ -105,12 +105,20 @@ pub(crate) fn run_one_rank(
         None => {
             let info = lens::RankInfo::of_group(b);
             let provider = SdkTracerProvider::builder()
+                .with_span_processor(lens::hang::OpenSpans)
                 .with_simple_exporter(exporter.clone())
                 .with_resource(info.resource())
                 .build();
             (provider, None)
         }
     };
+    // This process is one rank: a round that times out reports (`lens.hang`) through the
+    // global provider, which is this rank's.
+    let mut guard = guard;
+    match &mut guard {
+        Some(g) => g.set_global(),
+        None => opentelemetry::global::set_tracer_provider(provider.clone()),
+    }
     let tracer = provider.tracer("lens-demo");
     let outcome = rt.block_on(rank_main(
         b,

@@ -3,9 +3,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lens::arrivals;
 use lens::link::attributes::LINK_SOURCE_RANK;
-use opentelemetry::Value;
+use lens::{arrivals, hang};
+use opentelemetry::{Array, Value};
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value as Json, json};
 
@@ -37,6 +37,84 @@ pub(crate) struct SpanRecord {
     /// far apart the ranks came (ns), where the backend knows.
     pub(crate) last_rank: Option<i64>,
     pub(crate) spread_ns: Option<i64>,
+    /// On a `lens.hang` span: the round that timed out, the ranks it waited for, and the
+    /// spans open then (name, age in ns).
+    pub(crate) hang: Option<HangRecord>,
+}
+
+/// What a rank's hang report says.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HangRecord {
+    pub(crate) round: Option<i64>,
+    pub(crate) missing: Vec<i64>,
+    pub(crate) open: Vec<(String, i64)>,
+}
+
+impl HangRecord {
+    fn from_span(s: &SpanData) -> Option<HangRecord> {
+        if s.name != hang::keys::SPAN {
+            return None;
+        }
+        let missing = s
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == hang::keys::MISSING_RANKS)
+            .and_then(|kv| match &kv.value {
+                Value::Array(Array::I64(v)) => Some(v.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let open = s
+            .events
+            .iter()
+            .filter(|e| e.name == hang::keys::OPEN_SPAN_EVENT)
+            .map(|e| {
+                let name = e
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key.as_str() == hang::keys::SPAN_NAME)
+                    .map(|kv| kv.value.as_str().into_owned())
+                    .unwrap_or_default();
+                let age = e
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key.as_str() == hang::keys::SPAN_AGE_NS)
+                    .and_then(|kv| match kv.value {
+                        Value::I64(v) => Some(v),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                (name, age)
+            })
+            .collect();
+        Some(HangRecord {
+            round: int_attr(s, hang::keys::ROUND),
+            missing,
+            open,
+        })
+    }
+
+    fn to_json(&self) -> Json {
+        json!({"round": self.round, "missing": self.missing, "open": self.open})
+    }
+
+    fn from_json(v: &Json) -> Option<HangRecord> {
+        Some(HangRecord {
+            round: v.get("round").and_then(Json::as_i64),
+            missing: v
+                .get("missing")?
+                .as_array()?
+                .iter()
+                .filter_map(Json::as_i64)
+                .collect(),
+            open: v
+                .get("open")?
+                .as_array()?
+                .iter()
+                .filter_map(|o| Some((o.get(0)?.as_str()?.to_owned(), o.get(1)?.as_i64()?)))
+                .collect(),
+        })
+    }
 }
 
 fn int_attr(s: &SpanData, key: &str) -> Option<i64> {
@@ -84,6 +162,7 @@ impl SpanRecord {
                 .collect(),
             last_rank: int_attr(s, arrivals::keys::LAST_RANK),
             spread_ns: int_attr(s, arrivals::keys::SPREAD_NS),
+            hang: HangRecord::from_span(s),
         }
     }
 
@@ -92,6 +171,7 @@ impl SpanRecord {
             "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
             "parent_span_id": self.parent_span_id, "step": self.step, "start_us": self.start_us,
             "end_us": self.end_us, "last_rank": self.last_rank, "spread_ns": self.spread_ns,
+            "hang": self.hang.as_ref().map(HangRecord::to_json),
             "links": self.links.iter().map(|l| json!({
                 "trace_id": l.trace_id, "span_id": l.span_id, "source_rank": l.source_rank,
             })).collect::<Vec<_>>(),
@@ -124,6 +204,7 @@ impl SpanRecord {
                 .collect::<Option<Vec<_>>>()?,
             last_rank: v.get("last_rank").and_then(Json::as_i64),
             spread_ns: v.get("spread_ns").and_then(Json::as_i64),
+            hang: v.get("hang").and_then(HangRecord::from_json),
         })
     }
 }

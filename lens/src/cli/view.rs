@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::args::ParentArg;
 use super::rank::STEP_SPAN;
-use super::record::{Job, SpanRecord};
+use super::record::{HangRecord, Job, SpanRecord};
 
 const WIDTH: usize = 48;
 const MAX_STEPS_SHOWN: usize = 3;
@@ -88,7 +88,48 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
     if roots.len() > MAX_STEPS_SHOWN {
         let _ = writeln!(out, "\n… {} more step(s)", roots.len() - MAX_STEPS_SHOWN);
     }
+    hang_reports(&mut out, job);
     out
+}
+
+/// Each rank's `lens.hang` reports: the round that timed out, whom it waited for, and the
+/// spans open on the rank then.
+fn hang_reports(out: &mut String, job: &Job) {
+    let reports: Vec<(usize, &HangRecord)> = job
+        .ranks
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, spans)| {
+            spans
+                .iter()
+                .filter_map(move |s| Some((rank, s.hang.as_ref()?)))
+        })
+        .collect();
+    if reports.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nhang reports (lens.hang):");
+    for (rank, h) in reports.iter().take(MAX_RANKS_SHOWN) {
+        let round = h.round.map_or(String::new(), |r| format!("round {r} "));
+        let open: Vec<String> = h
+            .open
+            .iter()
+            .map(|(name, age)| format!("{name} ({:.2} s)", *age as f64 / 1e9))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  rank {rank:<4} {round}timed out waiting for {:?}; open: {}",
+            h.missing,
+            if open.is_empty() {
+                "nothing".to_owned()
+            } else {
+                open.join(", ")
+            }
+        );
+    }
+    if reports.len() > MAX_RANKS_SHOWN {
+        let _ = writeln!(out, "  … {} more", reports.len() - MAX_RANKS_SHOWN);
+    }
 }
 
 /// Chrome trace event JSON: one process per rank, a complete event per span, and a flow

@@ -161,6 +161,8 @@ struct State<T> {
     transport: T,
     slab: Slab,
     broken: Option<String>,
+    /// Rounds started, for hang reports.
+    rounds: u64,
 }
 
 /// A [`Broadcaster`] over a [`SlabTransport`]: the slab round, its deadline and the refusal
@@ -209,6 +211,7 @@ impl<T: SlabTransport> SlabGroup<T> {
                 transport,
                 slab: Slab::new(opts.slab_size),
                 broken: None,
+                rounds: 0,
             }),
             backend,
             format: SlabFormat {
@@ -264,7 +267,9 @@ impl<T: SlabTransport> SlabGroup<T> {
             transport,
             slab,
             broken,
+            rounds,
         } = &mut *state;
+        *rounds += 1;
         if let Some(why) = broken {
             return Err(Error::Closed {
                 backend: self.backend,
@@ -340,6 +345,10 @@ impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         Some(self.round(root, payload))
+    }
+
+    fn rounds_started(&self) -> Option<u64> {
+        Some(self.state().rounds)
     }
 }
 

@@ -41,7 +41,9 @@ impl Backend for Local {
         }
         let n = args.ranks as usize;
         let steps = args.steps as usize;
-        let mut builder = Cluster::builder(n).timeout(timeout);
+        // Routed globals: a rank's hang report (`lens.hang`, made through the global
+        // tracer) lands with the rank's spans.
+        let mut builder = Cluster::builder(n).timeout(timeout).route_globals();
         for spec in &args.inject {
             builder = inject(builder, spec, n)?;
         }
