@@ -16,8 +16,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::blocking::broadcast;
-use crate::broadcaster::Broadcaster;
+use crate::broadcaster::{Broadcaster, round};
 use crate::error::{Error, Result};
 
 /// One rank's wall clock against the reference rank's.
@@ -72,6 +71,28 @@ pub fn measure_clock_offsets_with(
     repetitions: usize,
     now: &dyn Fn() -> i128,
 ) -> Result<Vec<ClockOffset>> {
+    futures::executor::block_on(measure_with(b, reference, repetitions, now))
+}
+
+/// [`measure_clock_offsets`] for async code, where the ranks may be tasks that one thread
+/// polls (the in-process backend's): never blocks the thread.
+///
+/// # Errors
+/// As [`measure_clock_offsets`].
+pub async fn measure_clock_offsets_async(
+    b: &dyn Broadcaster,
+    reference: usize,
+    repetitions: usize,
+) -> Result<Vec<ClockOffset>> {
+    measure_with(b, reference, repetitions, &system_now_ns).await
+}
+
+async fn measure_with(
+    b: &dyn Broadcaster,
+    reference: usize,
+    repetitions: usize,
+    now: &dyn Fn() -> i128,
+) -> Result<Vec<ClockOffset>> {
     let (me, n) = (b.rank(), b.world_size());
     if reference >= n {
         return Err(Error::config(format!(
@@ -96,7 +117,7 @@ pub fn measure_clock_offsets_with(
             // Out: the reference's send time.
             let t0 = now();
             let out = (me == reference).then(|| t0.to_le_bytes());
-            let got = broadcast(b, reference, out.as_ref().map(|a| &a[..]))?;
+            let got = round(b, reference, out.as_ref().map(|a| &a[..])).await?;
             let t1 = now();
             let t0 = read_i128(&got, 0)?;
             // Back: rank r's receive and send times.
@@ -106,7 +127,7 @@ pub fn measure_clock_offsets_with(
                 v.extend_from_slice(&now().to_le_bytes());
                 v
             });
-            let got = broadcast(b, r, back.as_deref())?;
+            let got = round(b, r, back.as_deref()).await?;
             let t3 = now();
             if me == reference {
                 let (t1, t2) = (read_i128(&got, 0)?, read_i128(&got, 16)?);
@@ -136,7 +157,7 @@ pub fn measure_clock_offsets_with(
             })
             .collect::<Vec<u8>>()
     });
-    let got = broadcast(b, reference, table.as_deref())?;
+    let got = round(b, reference, table.as_deref()).await?;
     if got.len() != 16 * n {
         return Err(Error::Corrupt {
             reason: format!(
@@ -168,4 +189,96 @@ fn read_i128(bytes: &[u8], at: usize) -> Result<i128> {
     let mut a = [0u8; 16];
     a.copy_from_slice(slice);
     Ok(i128::from_le_bytes(a))
+}
+
+/// Every rank's clock offsets, measured when the group forms and again every `every` steps:
+/// call [`ClockTracker::start`] right after the group forms and [`ClockTracker::step`]
+/// once per training step, on every rank (both are collectives: the steps count the same
+/// on every rank, so every rank measures at the same step, whatever its clock says).
+///
+/// Cost: each measurement is `repetitions × (world_size − 1) × 2 + 1` broadcasts; a step
+/// that does not measure costs nothing.
+///
+/// ```
+/// use lens_core::clock::ClockTracker;
+/// use lens_testkit::LocalCluster;
+///
+/// let ranks = LocalCluster::new(2).broadcasters();
+/// let tables = lens_testkit::on_each_rank(&ranks, |b| {
+///     let mut clock = ClockTracker::start(b, 0, 3, 100)?;
+///     for _step in 0..250 {
+///         // ... the step's work and its broadcast ...
+///         clock.step(b)?;
+///     }
+///     Ok::<_, lens_core::Error>((clock.measurements(), clock.offsets().to_vec()))
+/// });
+/// for t in tables {
+///     let (measured, table) = t?;
+///     assert_eq!(measured, 3); // at the start, and at steps 100 and 200
+///     assert_eq!(table.len(), 2);
+/// }
+/// # Ok::<(), lens_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClockTracker {
+    reference: usize,
+    repetitions: usize,
+    every: u64,
+    steps: u64,
+    measurements: u64,
+    table: Vec<ClockOffset>,
+}
+
+impl ClockTracker {
+    /// Measures now against `reference` with `repetitions` exchanges per rank, and again
+    /// every `every` steps (0: never again).
+    ///
+    /// # Errors
+    /// As [`measure_clock_offsets`].
+    pub fn start(
+        b: &dyn Broadcaster,
+        reference: usize,
+        repetitions: usize,
+        every: u64,
+    ) -> Result<ClockTracker> {
+        let table = measure_clock_offsets(b, reference, repetitions)?;
+        Ok(ClockTracker {
+            reference,
+            repetitions,
+            every,
+            steps: 0,
+            measurements: 1,
+            table,
+        })
+    }
+
+    /// One step: measures again when `every` steps have passed since the last time, and
+    /// returns the new table then.
+    ///
+    /// # Errors
+    /// As [`measure_clock_offsets`]; the last table is kept.
+    pub fn step(&mut self, b: &dyn Broadcaster) -> Result<Option<&[ClockOffset]>> {
+        self.steps += 1;
+        if self.every == 0 || self.steps % self.every != 0 {
+            return Ok(None);
+        }
+        self.table = measure_clock_offsets(b, self.reference, self.repetitions)?;
+        self.measurements += 1;
+        Ok(Some(&self.table))
+    }
+
+    /// Every rank's offset from the last measurement, indexed by rank.
+    pub fn offsets(&self) -> &[ClockOffset] {
+        &self.table
+    }
+
+    /// Rank `rank`'s offset from the last measurement.
+    pub fn offset(&self, rank: usize) -> Option<ClockOffset> {
+        self.table.get(rank).copied()
+    }
+
+    /// How many times the offsets have been measured.
+    pub fn measurements(&self) -> u64 {
+        self.measurements
+    }
 }

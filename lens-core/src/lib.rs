@@ -76,7 +76,7 @@ pub mod rank;
 pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};
 pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD};
 pub use carrier::{Carrier, CarrierError};
-pub use clock::{ClockOffset, measure_clock_offsets};
+pub use clock::{ClockOffset, ClockTracker, measure_clock_offsets};
 pub use error::{BoxError, Error, Result};
 pub use hierarchical::{Hierarchical, NodeLayout};
 pub use link::{LinkedSpan, LinkedSpanBuilder, Parent, Remote, create_linked_span};

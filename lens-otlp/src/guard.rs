@@ -1,6 +1,7 @@
 //! The rank's provider and the guard that flushes it and reports what was lost.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lens_core::{Error, RankInfo, Result};
@@ -25,8 +26,8 @@ pub struct OtlpGuard {
     target: Option<(Protocol, String)>,
     shutdown_timeout: Duration,
     done: bool,
-    /// The id of the hang-report flush this guard set ([`OtlpGuard::set_global`]).
-    hang_flush: Option<u64>,
+    /// The id of the hang-report flush this guard set ([`OtlpGuard::set_global`]); 0: none.
+    hang_flush: AtomicU64,
 }
 
 impl std::fmt::Debug for OtlpGuard {
@@ -56,7 +57,7 @@ impl OtlpGuard {
             target,
             shutdown_timeout,
             done: false,
-            hang_flush: None,
+            hang_flush: AtomicU64::new(0),
         }
     }
 
@@ -79,14 +80,15 @@ impl OtlpGuard {
     /// `opentelemetry::global::tracer(..)`. The guard still owns the shutdown. A round that
     /// times out then reports through it (`lens_core::hang`): the `lens.hang` span is
     /// flushed before the error returns, until the guard shuts down.
-    pub fn set_global(&mut self) {
+    pub fn set_global(&self) {
         opentelemetry::global::set_tracer_provider(self.provider.clone());
         let provider = self.provider.clone();
-        self.hang_flush = Some(lens_core::hang::set_flush(Box::new(move || {
+        let id = lens_core::hang::set_flush(Box::new(move || {
             if let Err(e) = provider.force_flush() {
                 tracing::warn!(error = %e, "lens-otlp: the hang report was not flushed");
             }
-        })));
+        }));
+        self.hang_flush.store(id, Ordering::Relaxed);
     }
 
     /// The rank this provider describes.
@@ -135,7 +137,8 @@ impl OtlpGuard {
 
     fn finish(&mut self) -> Result<ExportStats> {
         self.done = true;
-        if let Some(id) = self.hang_flush.take() {
+        let id = self.hang_flush.swap(0, Ordering::Relaxed);
+        if id != 0 {
             lens_core::hang::clear_flush(id);
         }
         let shut = self.provider.shutdown_with_timeout(self.shutdown_timeout);

@@ -15,7 +15,7 @@ use opentelemetry::trace::{Span as _, Tracer as _};
 #[test]
 fn the_hang_report_reaches_the_receiver_before_the_error_returns() {
     let receiver = Receiver::start().expect("receiver");
-    let mut guard = OtlpBuilder::new(RankInfo::single())
+    let guard = OtlpBuilder::new(RankInfo::single())
         .endpoint(receiver.http_endpoint())
         .build()
         .expect("guard");

@@ -216,6 +216,66 @@ pub async fn run_rank(b: &dyn Broadcaster, opts: &Options) -> Result<(), Failure
 
     let case = Case {
         b,
+        name: "rounds counted",
+    };
+    if let Some(before) = b.rounds_started().filter(|_| n > 1) {
+        case.round(0, &pattern(3, 0, 10), None).await?;
+        match b.rounds_started() {
+            Some(after) if after == before + 1 => {}
+            other => {
+                return Err(case.fail(format!(
+                    "rounds_started went from {before} to {other:?} over one round"
+                )));
+            }
+        }
+    }
+
+    let case = Case {
+        b,
+        name: "clock offsets",
+    };
+    if n > 1 {
+        // One host, one clock: every offset is within its bound of zero, every rank has
+        // the same table, and the reference's own is exact.
+        let table = lens_core::clock::measure_clock_offsets_async(b, n - 1, 3)
+            .await
+            .map_err(|e| case.fail(format!("measuring failed: {e}")))?;
+        if table.len() != n || table[n - 1].offset_ns != 0 || table[n - 1].error_ns != 0 {
+            return Err(case.fail(format!("table {table:?}")));
+        }
+        if let Some((r, c)) = table
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.offset_ns.unsigned_abs() > c.error_ns)
+        {
+            return Err(case.fail(format!(
+                "rank {r}'s offset {} ns is outside its bound {} ns on one clock",
+                c.offset_ns, c.error_ns
+            )));
+        }
+    }
+
+    let case = Case {
+        b,
+        name: "straggler named",
+    };
+    if n > 1 {
+        // The last rank comes 30 ms late; a backend that tracks arrivals names it.
+        let _ = b.take_arrivals();
+        if me == n - 1 {
+            futures_timer::Delay::new(std::time::Duration::from_millis(30)).await;
+        }
+        case.round(0, &pattern(4, 0, 20), None).await?;
+        if me == 0
+            && let Some(a) = b.take_arrivals()
+            && (a.last_rank != n - 1 || a.spread_ns < 25_000_000)
+        {
+            return Err(case.fail(format!("rank {} came 30 ms late, got {a:?}", n - 1)));
+        }
+    }
+
+    let case = Case {
+        b,
         name: "trace context",
     };
     let cx = sample_context();

@@ -114,8 +114,7 @@ pub(crate) fn run_one_rank(
     };
     // This process is one rank: a round that times out reports (`lens.hang`) through the
     // global provider, which is this rank's.
-    let mut guard = guard;
-    match &mut guard {
+    match &guard {
         Some(g) => g.set_global(),
         None => opentelemetry::global::set_tracer_provider(provider.clone()),
     }
