@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::export::{ExportRecord, OTLP_LINE};
-use super::record::{Job, SPAN_LINE, SpanRecord};
+use super::record::{CLOCK_LINE, Job, SPAN_LINE, SpanRecord, clock_from_json};
 
 /// Kills every child still running when dropped, so that no rank outlives a failed launch.
 struct Children(Vec<Child>);
@@ -49,7 +49,7 @@ pub(crate) fn run_ranks(
             .spawn()
             .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
         let spans = drain(child.stdout.take(), |r| {
-            let (mut spans, mut export) = (Vec::new(), None);
+            let (mut spans, mut export, mut clock) = (Vec::new(), None, None);
             for l in r.lines().map_while(Result::ok) {
                 if let Some(json) = l.strip_prefix(SPAN_LINE) {
                     let json = serde_json::from_str(json).ok();
@@ -57,9 +57,12 @@ pub(crate) fn run_ranks(
                 } else if let Some(json) = l.strip_prefix(OTLP_LINE) {
                     let json = serde_json::from_str(json).ok();
                     export = json.as_ref().and_then(ExportRecord::from_json);
+                } else if let Some(json) = l.strip_prefix(CLOCK_LINE) {
+                    let json = serde_json::from_str(json).ok();
+                    clock = json.as_ref().and_then(clock_from_json);
                 }
             }
-            (spans, export)
+            (spans, export, clock)
         });
         let stderr = drain(child.stderr.take(), |mut r| {
             let mut text = String::new();
@@ -90,9 +93,10 @@ pub(crate) fn run_ranks(
     let mut job = Job::default();
     for (rank, (spans, stderr)) in readers.into_iter().enumerate() {
         let lost = || format!("reading rank {rank}'s output failed");
-        let (spans, export) = spans.join().map_err(|_| lost())?.unwrap_or_default();
+        let (spans, export, clock) = spans.join().map_err(|_| lost())?.unwrap_or_default();
         job.ranks.push(spans);
         job.exports.extend(export);
+        job.clocks.push(clock);
         let stderr = stderr.join().map_err(|_| lost())?.unwrap_or_default();
         if status[rank].is_some_and(|s| !s.success()) {
             let reason = stderr

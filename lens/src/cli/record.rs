@@ -4,7 +4,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lens::link::attributes::LINK_SOURCE_RANK;
-use lens::{arrivals, hang};
+use lens::{ClockOffset, arrivals, hang};
 use opentelemetry::{Array, Value};
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value as Json, json};
@@ -220,12 +220,91 @@ pub(crate) struct Job {
     pub(crate) absent: Vec<usize>,
     /// With `--otlp`: what became of each rank's exported spans.
     pub(crate) exports: Vec<super::export::ExportRecord>,
+    /// Each rank's clock against rank 0's, where the ranks measured it (processes).
+    pub(crate) clocks: Vec<Option<ClockOffset>>,
+}
+
+/// Prefix of the line a rank process prints with its clock offset from rank 0.
+#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+pub(crate) const CLOCK_LINE: &str = "lens-clock ";
+
+#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+pub(crate) fn clock_json(c: &ClockOffset) -> Json {
+    json!({"offset_ns": c.offset_ns, "error_ns": c.error_ns})
+}
+
+#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+pub(crate) fn clock_from_json(v: &Json) -> Option<ClockOffset> {
+    Some(ClockOffset {
+        offset_ns: v.get("offset_ns")?.as_i64()?,
+        error_ns: v.get("error_ns")?.as_u64()?,
+    })
 }
 
 impl Job {
+    /// Moves every rank's spans onto rank 0's clock, where the rank measured its offset,
+    /// so that the waterfall and the Chrome trace line the ranks up.
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    pub(crate) fn align_clocks(&mut self) {
+        for (spans, clock) in self.ranks.iter_mut().zip(&self.clocks) {
+            let Some(c) = clock else { continue };
+            let shift_us = c.offset_ns as f64 / 1000.0;
+            for s in spans {
+                s.start_us -= shift_us;
+                s.end_us -= shift_us;
+            }
+        }
+    }
+
     pub(crate) fn named(&self, rank: usize, name: &str) -> Vec<&SpanRecord> {
         self.ranks.get(rank).map_or(Vec::new(), |v| {
             v.iter().filter(|s| s.name == name).collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(rank: usize, start_us: f64) -> SpanRecord {
+        SpanRecord {
+            rank,
+            name: "s".into(),
+            trace_id: String::new(),
+            span_id: String::new(),
+            parent_span_id: String::new(),
+            step: Some(0),
+            start_us,
+            end_us: start_us + 10.0,
+            links: Vec::new(),
+            last_rank: None,
+            spread_ns: None,
+            hang: None,
+        }
+    }
+
+    /// A rank 2.5 s ahead is moved back by its offset; a rank without a measured offset
+    /// stays; the JSON line round-trips.
+    #[test]
+    fn spans_move_onto_rank_0s_clock() {
+        let ahead = ClockOffset {
+            offset_ns: 2_500_000_000,
+            error_ns: 100_000,
+        };
+        let mut job = Job {
+            ranks: vec![
+                vec![span(0, 1_000.0)],
+                vec![span(1, 2_501_000.0)],
+                vec![span(2, 7.0)],
+            ],
+            clocks: vec![None, Some(ahead), None],
+            ..Job::default()
+        };
+        job.align_clocks();
+        assert_eq!(job.ranks[1][0].start_us, 1_000.0);
+        assert_eq!(job.ranks[1][0].end_us, 1_010.0);
+        assert_eq!(job.ranks[2][0].start_us, 7.0);
+        assert_eq!(clock_from_json(&clock_json(&ahead)), Some(ahead));
     }
 }

@@ -7,6 +7,8 @@ use serde_json::json;
 
 use super::args::ParentArg;
 use super::rank::STEP_SPAN;
+use lens::ClockOffset;
+
 use super::record::{HangRecord, Job, SpanRecord};
 
 const WIDTH: usize = 48;
@@ -27,6 +29,37 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
             "current (linked only)"
         }
     );
+    let clocks: Vec<(usize, &ClockOffset)> = job
+        .clocks
+        .iter()
+        .enumerate()
+        .filter_map(|(r, c)| Some((r, c.as_ref()?)))
+        .filter(|(r, _)| *r != 0)
+        .collect();
+    if !clocks.is_empty() {
+        let shown: Vec<String> = clocks
+            .iter()
+            .take(MAX_RANKS_SHOWN)
+            .map(|(r, c)| {
+                format!(
+                    "rank {r} {:+.3} ms (±{:.3})",
+                    c.offset_ns as f64 / 1e6,
+                    c.error_ns as f64 / 1e6
+                )
+            })
+            .collect();
+        let more = clocks.len().saturating_sub(MAX_RANKS_SHOWN);
+        let _ = writeln!(
+            out,
+            "clock offsets from rank 0 (spans shown on rank 0's clock): {}{}",
+            shown.join(", "),
+            if more > 0 {
+                format!(", … {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
     for root in roots.iter().take(MAX_STEPS_SHOWN) {
         let (t0, span_us) = (root.start_us, (root.end_us - root.start_us).max(1.0));
         let _ = writeln!(

@@ -16,9 +16,11 @@ use super::super::export::OtlpChoice;
 use super::super::launcher;
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
-use super::super::record::Job;
+use super::super::record::{CLOCK_LINE, Job, clock_json};
 use super::Injected;
 
+/// Clock exchanges per rank when a demo rank measures its offset from rank 0.
+const CLOCK_REPETITIONS: usize = 4;
 /// Most ranks the bench runs, one thread (and two sockets) each.
 const MAX_BENCH_RANKS: usize = 256;
 /// How long a raw baseline round waits for a peer before the bench fails.
@@ -45,6 +47,13 @@ impl Backend for Tcp {
                     .filter(|f| f.rank() == rank)
                     .collect::<Vec<_>>();
                 let group = join(args, rank, timeout)?;
+                // Where this rank's clock stands against rank 0's, so that the job's view
+                // lines the ranks up (a collective: 17 rounds).
+                let clocks = lens::measure_clock_offsets(&group, 0, CLOCK_REPETITIONS)
+                    .map_err(|e| format!("measuring clock offsets: {e}"))?;
+                if args.emit_spans {
+                    println!("{CLOCK_LINE}{}", clock_json(&clocks[rank]));
+                }
                 if mine.iter().any(|f| matches!(f, Injected::Absent(_))) {
                     // It joined, and leaves before the first step: the others name it.
                     return Err(format!("absent (--inject absent:{rank})"));
@@ -160,7 +169,9 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
         c
     };
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);
-    launcher::run_ranks(n, command, deadline)
+    let mut job = launcher::run_ranks(n, command, deadline)?;
+    job.align_clocks();
+    Ok(job)
 }
 
 fn random_hex(bytes: usize) -> Result<String, String> {
