@@ -295,7 +295,9 @@ fn tcp_demo_with_an_absent_rank_names_it_and_reports_the_hang() {
         .and_then(|rest| rest.lines().find(|l| l.trim_start().starts_with("rank 0 ")))
         .unwrap_or_else(|| panic!("no hang report of rank 0: {}", run.stdout));
     assert!(
-        line.contains("round 1 timed out waiting for [1]") && line.contains("open: train_step ("),
+        // The ranks measure their clocks first: 4 exchanges × 2 other ranks × 2 + 1 = 17
+        // rounds; the first step's is the 18th.
+        line.contains("round 18 timed out waiting for [1]") && line.contains("open: train_step ("),
         "{line}"
     );
 }
