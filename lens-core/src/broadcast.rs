@@ -149,9 +149,15 @@ async fn send(
 }
 
 /// The source, after its round: how the ranks arrived, on its span, where the backend knows.
+/// Left with the backend when no span records it (a caller in another language takes it
+/// for its own span: the Python package does).
 pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context) {
+    let span = cx.span();
+    if !span.is_recording() {
+        return;
+    }
     if let Some(a) = b.take_arrivals() {
-        a.record(&cx.span(), late_threshold());
+        a.record(&span, late_threshold());
     }
 }
 

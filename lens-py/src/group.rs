@@ -134,6 +134,39 @@ impl Group {
         to_dict(py, &got)
     }
 
+    /// How the ranks came to the last round this rank was the source of, where the
+    /// transport knows (`tcp_group` with rank 0 the source, `local_cluster`): a tuple
+    /// `(last_rank, spread_ns, [(rank, ns_after_first), ...latest first])`, taken (asked
+    /// once); `None` elsewhere.
+    fn take_arrivals(&self) -> Option<(usize, u64, Vec<(usize, u64)>)> {
+        let b = self.live().ok()?;
+        b.take_arrivals()
+            .map(|a| (a.last_rank, a.spread_ns, a.ranks))
+    }
+
+    /// How many rounds this rank has started, where the transport counts them.
+    fn rounds_started(&self) -> Option<u64> {
+        self.live().ok()?.rounds_started()
+    }
+
+    /// Every rank's wall-clock offset from `reference`'s: a list indexed by rank of
+    /// `(offset_ns, error_ns)` (this rank's clock minus the reference's, and the most it can
+    /// be wrong by). Collective: every rank calls it with the same arguments; it costs
+    /// `repetitions × (world_size − 1) × 2 + 1` broadcasts.
+    #[pyo3(signature = (reference=0, repetitions=4))]
+    fn clock_offsets(
+        &self,
+        py: Python<'_>,
+        reference: usize,
+        repetitions: usize,
+    ) -> PyResult<Vec<(i64, u64)>> {
+        let b = self.live().py(py)?;
+        let table = py
+            .detach(|| lens_core::measure_clock_offsets(&*b, reference, repetitions))
+            .py(py)?;
+        Ok(table.iter().map(|c| (c.offset_ns, c.error_ns)).collect())
+    }
+
     /// Leaves the group: later calls on this rank raise `GroupClosed`. Idempotent.
     fn close(&self, py: Python<'_>) {
         let taken = {

@@ -38,6 +38,7 @@ from .errors import (
     UnavailableError,
 )
 from .local import run_local
+from .observe import OpenSpans, set_hang_provider, set_late_threshold
 from .provider import RankIdGenerator, rank_resource, tracer_provider
 from .torch_group import torch_group
 
@@ -51,6 +52,9 @@ __all__ = [
     "local_cluster",
     "tcp_group",
     "run_local",
+    "OpenSpans",
+    "set_late_threshold",
+    "set_hang_provider",
     "torch_group",
     "RemoteCarrier",
     "broadcast_trace_context",

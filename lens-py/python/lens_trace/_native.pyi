@@ -1,6 +1,6 @@
 """Type stubs of the Rust extension module lens_trace._native."""
 
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 MAX_CARRIER_LEN: int
 __version__: str
@@ -17,6 +17,14 @@ class Group:
     @property
     def timeout(self) -> Optional[float]: ...
     @property
+    def take_arrivals(self) -> Optional[Tuple[int, int, List[Tuple[int, int]]]]:
+        """How the ranks came to the last round this rank was the source of, where the
+        transport knows: ``(last_rank, spread_ns, [(rank, ns_after_first), ...])``, latest
+        first; taken (asked once)."""
+    def rounds_started(self) -> Optional[int]:
+        """How many rounds this rank has started, where the transport counts them."""
+    def clock_offsets(self, reference: int = 0, repetitions: int = 4) -> List[Tuple[int, int]]:
+        """Every rank's ``(offset_ns, error_ns)`` from ``reference``'s clock; collective."""
     def closed(self) -> bool: ...
     def broadcast(self, root: int, payload: Optional[bytes] = None) -> bytes: ...
     def broadcast_carrier(

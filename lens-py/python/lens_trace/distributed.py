@@ -40,7 +40,8 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .errors import ConfigError
+from .errors import BroadcastTimeout, ConfigError
+from .observe import record_arrivals, report_hang
 
 __all__ = [
     "RemoteCarrier",
@@ -246,7 +247,9 @@ def broadcast_trace_context(
     :param group: the group; by default as the module says.
     :param context: on the source, the context to send instead of the current one.
     :raises BroadcastTimeout: a rank did not take part in time (``missing_ranks``); also a
-        ``TimeoutError``.
+        ``TimeoutError``. This rank then leaves a ``lens.hang`` span first
+        (:mod:`lens_trace.observe`). On the source, where the group knows how the ranks
+        came, the current span gets ``lens.round.last_rank`` and ``lens.round.spread_ns``.
     :raises ValueError: ``src_rank`` is outside the group.
     :raises TypeError: a rank that is not an int.
     """
@@ -269,7 +272,13 @@ def broadcast_trace_context(
     if src_rank >= g.world_size:
         raise ValueError(f"src_rank {src_rank} is outside a group of {g.world_size} rank(s)")
     mine = inject_carrier(context) if rank == src_rank else None
-    got = g.broadcast_map(src_rank, mine)
+    try:
+        got = g.broadcast_map(src_rank, mine)
+    except BroadcastTimeout as e:
+        report_hang(g, e.missing_ranks, e.after)
+        raise
+    if rank == src_rank:
+        record_arrivals(g, context)
     return RemoteCarrier(got, source_rank=src_rank)
 
 

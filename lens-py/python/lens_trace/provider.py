@@ -102,16 +102,23 @@ def tracer_provider(
     job_id: Optional[str] = None,
     service_name: Optional[str] = None,
     span_processors: Iterable[SpanProcessor] = (),
+    track_open_spans: bool = True,
     **kwargs: Any,
 ) -> TracerProvider:
     """A ``TracerProvider`` for this rank: :func:`rank_resource` and a
-    :class:`RankIdGenerator`; ``span_processors`` are added to it. Other keyword arguments go
-    to ``TracerProvider`` (a sampler, say)."""
+    :class:`RankIdGenerator`; ``span_processors`` are added to it, after an
+    :class:`~lens_trace.OpenSpans` (unless ``track_open_spans`` is false) so that a hang
+    report names the spans open then. Other keyword arguments go to ``TracerProvider`` (a
+    sampler, say)."""
+    from .observe import OpenSpans
+
     provider = TracerProvider(
         resource=rank_resource(rank, world_size, local_rank, job_id=job_id, service_name=service_name),
         id_generator=RankIdGenerator(),
         **kwargs,
     )
+    if track_open_spans:
+        provider.add_span_processor(OpenSpans())
     for p in span_processors:
         provider.add_span_processor(p)
     return provider

@@ -1,0 +1,87 @@
+"""Which rank is slow, which is stuck, and where the clocks stand, from Python: the same
+names lens's Rust crates write."""
+
+import time
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import lens_trace
+from lens_trace.distributed import broadcast_trace_context, get_group
+
+
+def provider_with(exporter):
+    provider = TracerProvider()
+    provider.add_span_processor(lens_trace.OpenSpans())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def test_the_source_span_names_the_straggler():
+    exporter = InMemorySpanExporter()
+    tracer = provider_with(exporter).get_tracer("test")
+    lens_trace.set_late_threshold(0.02)
+
+    def rank_main(rank):
+        if rank == 2:
+            time.sleep(0.08)
+        if rank == 0:
+            with tracer.start_as_current_span("train_step"):
+                broadcast_trace_context(rank, src_rank=0)
+        else:
+            broadcast_trace_context(rank, src_rank=0)
+
+    try:
+        lens_trace.run_local(3, rank_main, timeout=10)
+    finally:
+        lens_trace.set_late_threshold(0.001)
+    (step,) = [s for s in exporter.get_finished_spans() if s.name == "train_step"]
+    assert step.attributes["lens.round.last_rank"] == 2
+    assert 70_000_000 <= step.attributes["lens.round.spread_ns"] < 5_000_000_000
+    late = [e for e in step.events if e.name == "lens.round.late_rank"]
+    assert [e.attributes["lens.round.rank"] for e in late] == [2], "punctual ranks are not named"
+
+
+def test_a_timeout_leaves_a_hang_report_first():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    lens_trace.set_hang_provider(provider)
+    tracer = provider.get_tracer("test")
+
+    def rank_main(rank):
+        # Rank 1 never comes to the second broadcast.
+        broadcast_trace_context(rank, src_rank=0)
+        if rank == 1:
+            return None
+        with tracer.start_as_current_span("train_step"):
+            with pytest.raises(lens_trace.BroadcastTimeout) as e:
+                broadcast_trace_context(rank, src_rank=0)
+            # Already there when the error reaches the caller.
+            reports = [s for s in exporter.get_finished_spans() if s.name == "lens.hang"]
+            return e.value.missing_ranks, reports
+
+    try:
+        missing, reports = lens_trace.run_local(2, rank_main, timeout=0.3)[0]
+    finally:
+        lens_trace.set_hang_provider(None)
+    assert missing == [1]
+    (hang,) = reports
+    assert hang.attributes["lens.hang.rank"] == 0
+    assert list(hang.attributes["lens.hang.missing_ranks"]) == [1]
+    assert hang.attributes["lens.hang.round"] == 2
+    assert hang.attributes["lens.hang.waited_ns"] >= 200_000_000
+    open_names = [e.attributes["lens.hang.span_name"] for e in hang.events if e.name == "lens.hang.open_span"]
+    assert "train_step" in open_names and "lens.hang" not in open_names
+
+
+def test_clock_offsets_on_one_clock_are_within_their_bound():
+    def rank_main(rank):
+        return get_group().clock_offsets(reference=0, repetitions=3)
+
+    tables = lens_trace.run_local(3, rank_main, timeout=10)
+    assert all(t == tables[0] for t in tables), "every rank has the same table"
+    assert tables[0][0] == (0, 0)
+    for offset, error in tables[0]:
+        assert abs(offset) <= error
