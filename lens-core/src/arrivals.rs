@@ -1,9 +1,8 @@
 //! Which rank came last to a round, and how far apart the ranks came: the straggler of each
 //! step, written on the source's step span.
 //!
-//! A backend that knows when each rank entered a round (the in-process backend; TCP when
-//! rank 0 is the source: every acknowledgement carries how long its rank came before or
-//! after the data reached it) hands the source an [`Arrivals`] through
+//! A backend that knows when each rank entered a round (the in-process backend; TCP, whose
+//! acknowledgements carry how long before each was sent its ranks came) hands the source an [`Arrivals`] through
 //! [`Broadcaster::take_arrivals`](crate::Broadcaster::take_arrivals). The broadcasts of this
 //! crate then put [`keys::LAST_RANK`] and [`keys::SPREAD_NS`] on the span that was current
 //! on the source (the step span), and one [`keys::LATE_EVENT`] event for each rank that came

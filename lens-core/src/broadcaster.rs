@@ -76,9 +76,9 @@ pub trait Broadcaster: Send + Sync {
     }
 
     /// How the ranks arrived at the last round this rank was the root of, taken (asked
-    /// once), where the backend tracks it: the in-process backend does, TCP when rank 0 is
-    /// the root. `None`, the default, where it does not. lens's trace-context broadcasts
-    /// write it on the source's span ([`crate::arrivals`]).
+    /// once), where the backend tracks it: the in-process backend and TCP do. `None`, the
+    /// default, where it does not. lens's trace-context broadcasts write it on the source's
+    /// span ([`crate::arrivals`]).
     fn take_arrivals(&self) -> Option<Arrivals> {
         None
     }

@@ -135,7 +135,7 @@ impl Group {
     }
 
     /// How the ranks came to the last round this rank was the source of, where the
-    /// transport knows (`tcp_group` with rank 0 the source, `local_cluster`): a tuple
+    /// transport knows (`tcp_group`, `local_cluster`): a tuple
     /// `(last_rank, spread_ns, [(rank, ns_after_first), ...latest first])`, taken (asked
     /// once); `None` elsewhere.
     fn take_arrivals(&self) -> Option<(usize, u64, Vec<(usize, u64)>)> {

@@ -285,14 +285,10 @@ impl Broadcaster for TcpBroadcaster {
         self.local_rank
     }
 
-    /// When rank 0 is the root: every acknowledgement says how long its rank came before
-    /// or after the data reached it, so the arrivals are on the root's clock within a
-    /// network hop, with no clock offsets needed. In a tree an ack carries its subtree's
-    /// earliest and latest few. Other roots get `None`.
-    fn rounds_started(&self) -> Option<u64> {
-        Some(self.group().round)
-    }
-
+    /// Every acknowledgement says how long before it was sent each rank of its sender's
+    /// subtree came, so rank 0 places every rank on its own clock within a network hop per
+    /// tree level, with no clock offsets needed; a root other than 0 hears it in rank 0's
+    /// DONE. In a tree an ack (and a DONE) carries the earliest and the latest few.
     fn take_arrivals(&self) -> Option<Arrivals> {
         let times = std::mem::take(&mut self.group().arrivals);
         Arrivals::from_times(times)

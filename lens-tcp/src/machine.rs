@@ -158,6 +158,8 @@ pub(crate) struct RoundMachine {
     /// its ranks came; the hop back is not counted, so each is late by at most one network
     /// delay per tree level).
     arrivals: Vec<(usize, Instant)>,
+    /// A root other than 0: the arrivals rank 0's DONE carried (ns after rank 0 came).
+    told_arrivals: Vec<(usize, i64)>,
     outcome: Option<Outcome>,
 }
 
@@ -195,6 +197,7 @@ impl RoundMachine {
             answers: Vec::new(),
             relayed: None,
             arrivals: Vec::new(),
+            told_arrivals: Vec::new(),
             outcome: None,
         };
         match (me, mine) {
@@ -221,18 +224,27 @@ impl RoundMachine {
         self.outcome.take()
     }
 
-    /// Rank 0 as the root, once every rank has the data: when each came to the round, in
-    /// ns after rank 0 did; empty otherwise (taken).
+    /// The root, once every rank has the data: when each came to the round, in ns after
+    /// rank 0 did (rank 0 as the root: every rank its acks named; another root: what rank
+    /// 0's DONE carried); empty otherwise (taken).
     pub(crate) fn take_arrivals(&mut self) -> Vec<(usize, i64)> {
-        if self.me == 0 && self.root == 0 && matches!(self.outcome, Some(Outcome::Delivered(_))) {
-            let start = self.start;
-            std::mem::take(&mut self.arrivals)
-                .into_iter()
-                .map(|(r, at)| (r, -ns_between(at, start)))
-                .collect()
-        } else {
-            Vec::new()
+        if self.me != self.root || !matches!(self.outcome, Some(Outcome::Delivered(_))) {
+            return Vec::new();
         }
+        if self.me == 0 {
+            self.arrivals_after_start()
+        } else {
+            std::mem::take(&mut self.told_arrivals)
+        }
+    }
+
+    /// Rank 0: the arrivals it knows, in ns after its own start.
+    fn arrivals_after_start(&mut self) -> Vec<(usize, i64)> {
+        let start = self.start;
+        std::mem::take(&mut self.arrivals)
+            .into_iter()
+            .map(|(r, at)| (r, -ns_between(at, start)))
+            .collect()
     }
 
     /// What to say again when the same frame comes again, once the round is over.
@@ -342,7 +354,7 @@ impl RoundMachine {
                 );
                 self.acks_done(links, now);
             }
-            (Step::Verdict, Message::Done | Message::Fail { .. }) if from == up => {
+            (Step::Verdict, Message::Done { .. } | Message::Fail { .. }) if from == up => {
                 if self.me != self.root {
                     // On the path to the root: relay, and finish (this rank has the data). The
                     // root's data again (after a reset below) asks for the verdict again.
@@ -361,6 +373,10 @@ impl RoundMachine {
                 } else if let Message::Fail { missing } = msg {
                     self.end(Outcome::Missing(missing.clone()));
                 } else {
+                    if let Message::Done { arrivals } = msg {
+                        // Rank 0's account of how the ranks came, for the root's span.
+                        self.told_arrivals.clone_from(arrivals);
+                    }
                     let data = std::mem::take(&mut self.data);
                     self.end(Outcome::Delivered(data));
                 }
@@ -533,7 +549,18 @@ impl RoundMachine {
         let root = self.root;
         let missing = std::mem::take(&mut self.missing);
         let verdict = if missing.is_empty() {
-            Message::Done
+            // The root, when another rank, hears how the ranks came (in ns after rank 0).
+            let arrivals = if root == 0 {
+                Vec::new()
+            } else {
+                let after = self.arrivals_after_start();
+                // `few_arrivals` keeps the latest of values counted backwards.
+                few_arrivals(after.into_iter().map(|(r, ns)| (r, -ns)).collect())
+                    .into_iter()
+                    .map(|(r, ns)| (r, -ns))
+                    .collect()
+            };
+            Message::Done { arrivals }
         } else {
             Message::Fail {
                 missing: missing.clone(),

@@ -90,8 +90,10 @@ pub(crate) enum Message<'a> {
         missing: Vec<usize>,
         arrivals: Vec<(usize, i64)>,
     },
-    /// Every rank received the round (rank 0 to the root).
-    Done,
+    /// Every rank received the round (rank 0 to a root other than itself), with when the
+    /// ranks came to it, in ns after the first (the earliest and the latest few, at most
+    /// [`MAX_ARRIVALS`]).
+    Done { arrivals: Vec<(usize, i64)> },
     /// The round failed for want of these ranks.
     Fail { missing: Vec<usize> },
 }
@@ -108,7 +110,7 @@ impl Message<'_> {
             Message::JoinFail { .. } => Kind::JoinFail,
             Message::Data(_) => Kind::Data,
             Message::Ack { .. } => Kind::Ack,
-            Message::Done => Kind::Done,
+            Message::Done { .. } => Kind::Done,
             Message::Fail { .. } => Kind::Fail,
         }
     }
@@ -118,7 +120,7 @@ impl Message<'_> {
         let mut p = Vec::new();
         match self {
             Message::Data(d) => return Cow::Borrowed(d),
-            Message::Done => {}
+            Message::Done { arrivals } => push_arrivals(&mut p, arrivals),
             Message::Knock { world, joiner } => {
                 p.extend_from_slice(&world.to_le_bytes());
                 p.extend_from_slice(joiner);
@@ -151,10 +153,7 @@ impl Message<'_> {
             Message::Ack { missing, arrivals } => {
                 p.extend_from_slice(&u32::try_from(missing.len()).unwrap_or(0).to_le_bytes());
                 push_ranks(&mut p, missing);
-                for &(r, ns) in arrivals.iter().take(MAX_ARRIVALS) {
-                    push_ranks(&mut p, &[r]);
-                    p.extend_from_slice(&ns.to_le_bytes());
-                }
+                push_arrivals(&mut p, arrivals);
             }
             Message::Fail { missing } => push_ranks(&mut p, missing),
         }
@@ -186,7 +185,7 @@ impl Message<'_> {
             Message::JoinFail { joiner, missing } => Message::JoinFail { joiner, missing },
             Message::Data(d) => Message::Data(Cow::Owned(d.into_owned())),
             Message::Ack { missing, arrivals } => Message::Ack { missing, arrivals },
-            Message::Done => Message::Done,
+            Message::Done { arrivals } => Message::Done { arrivals },
             Message::Fail { missing } => Message::Fail { missing },
         }
     }
@@ -241,25 +240,12 @@ impl Message<'static> {
                 let count = usize::try_from(u32_at(&p, 0)?).ok()?;
                 let end = count.checked_mul(4)?.checked_add(4)?;
                 let missing = read_ranks(p.get(4..end)?)?;
-                let rest = p.get(end..)?;
-                if rest.len() % 12 != 0 || rest.len() / 12 > MAX_ARRIVALS {
-                    return None;
-                }
-                let arrivals = rest
-                    .chunks_exact(12)
-                    .map(|c| {
-                        let r = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
-                        let mut ns = [0u8; 8];
-                        ns.copy_from_slice(&c[4..]);
-                        (r, i64::from_le_bytes(ns))
-                    })
-                    .collect();
+                let arrivals = read_arrivals(p.get(end..)?)?;
                 Message::Ack { missing, arrivals }
             }
-            Kind::Done => {
-                p.is_empty().then_some(())?;
-                Message::Done
-            }
+            Kind::Done => Message::Done {
+                arrivals: read_arrivals(&p)?,
+            },
             Kind::Fail => Message::Fail {
                 missing: read_ranks(&p)?,
             },
@@ -294,6 +280,29 @@ fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
 
 /// Arrivals an ACK carries at most: the earliest of its subtree and the latest ones.
 pub(crate) const MAX_ARRIVALS: usize = 8;
+
+fn push_arrivals(p: &mut Vec<u8>, arrivals: &[(usize, i64)]) {
+    for &(r, ns) in arrivals.iter().take(MAX_ARRIVALS) {
+        push_ranks(p, &[r]);
+        p.extend_from_slice(&ns.to_le_bytes());
+    }
+}
+
+fn read_arrivals(p: &[u8]) -> Option<Vec<(usize, i64)>> {
+    if p.len() % 12 != 0 || p.len() / 12 > MAX_ARRIVALS {
+        return None;
+    }
+    Some(
+        p.chunks_exact(12)
+            .map(|c| {
+                let r = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+                let mut ns = [0u8; 8];
+                ns.copy_from_slice(&c[4..]);
+                (r, i64::from_le_bytes(ns))
+            })
+            .collect(),
+    )
+}
 
 /// Ranks are below the world size, which the configuration keeps within u32.
 fn push_ranks(p: &mut Vec<u8>, ranks: &[usize]) {
@@ -366,7 +375,10 @@ mod tests {
                 missing: vec![1, 5],
                 arrivals: vec![(3, -12), (4, i64::MAX), (9, 0)],
             },
-            Message::Done,
+            Message::Done { arrivals: vec![] },
+            Message::Done {
+                arrivals: vec![(2, 0), (0, 7_000)],
+            },
             Message::Fail { missing: vec![3] },
         ];
         for m in rows {
@@ -420,7 +432,8 @@ mod tests {
             ),
             ("join failure too short", Kind::JoinFail, vec![0; 15]),
             ("reject too short", Kind::Reject, vec![0; 15]),
-            ("done with a payload", Kind::Done, vec![0]),
+            ("done with a cut arrival", Kind::Done, vec![0]),
+            ("done with too many arrivals", Kind::Done, vec![0; 12 * 9]),
             ("an endpoint over the limit", Kind::Welcome, {
                 let mut p = a.to_vec();
                 p.extend_from_slice(&300u16.to_le_bytes());

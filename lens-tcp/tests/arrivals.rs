@@ -80,14 +80,42 @@ fn the_latest_ranks_survive_a_long_path() {
     );
 }
 
+/// A root other than rank 0 hears from rank 0's DONE how the ranks came; the others,
+/// rank 0 included, keep nothing.
 #[test]
-fn another_root_gets_no_arrivals() {
-    let ranks = common::group(3, Duration::from_secs(10));
-    lens_testkit::on_each_rank(&ranks, |b| {
-        let mine = (b.rank() == 1).then_some(&b"from 1"[..]);
-        blocking::broadcast(b, 1, mine).expect("round")
-    });
-    for b in &ranks {
-        assert_eq!(b.take_arrivals(), None, "rank {}", b.rank());
+fn another_root_learns_them_from_rank_0() {
+    let by = Duration::from_millis(60);
+    // (why, ranks, fan-out, root, the late rank)
+    let rows: Vec<(&str, usize, Option<usize>, usize, usize)> = vec![
+        ("star", 3, None, 1, 2),
+        ("star, rank 0 late", 4, None, 3, 0),
+        (
+            "tree, the root deep, another subtree late",
+            7,
+            Some(2),
+            5,
+            3,
+        ),
+    ];
+    for (why, n, k, root, late) in rows {
+        let ranks = common::group_with(n, Duration::from_secs(10), k);
+        lens_testkit::on_each_rank(&ranks, |b| {
+            if b.rank() == late {
+                std::thread::sleep(by);
+            }
+            let mine = (b.rank() == root).then_some(&b"from a root"[..]);
+            blocking::broadcast(b, root, mine).expect("round")
+        });
+        let a = ranks[root]
+            .take_arrivals()
+            .unwrap_or_else(|| panic!("{why}: none"));
+        assert_eq!(a.last_rank, late, "{why}: {a:?}");
+        assert!(
+            Duration::from_nanos(a.spread_ns) >= by - Duration::from_millis(5),
+            "{why}: {a:?}"
+        );
+        for b in ranks.iter().filter(|b| b.rank() != root) {
+            assert_eq!(b.take_arrivals(), None, "{why}: rank {}", b.rank());
+        }
     }
 }

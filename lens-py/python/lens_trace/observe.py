@@ -2,7 +2,7 @@
 write it (the same names, read by the same checks):
 
 * after a broadcast whose source is this rank, where the group knows how the ranks came
-  (``tcp_group`` with rank 0 the source, ``local_cluster``), the source's current span
+  (``tcp_group``, ``local_cluster``), the source's current span
   gets ``lens.round.last_rank`` and ``lens.round.spread_ns``, and one ``lens.round.late_rank``
   event per rank later than :func:`set_late_threshold` after the first;
 * when a broadcast times out, the rank leaves a ``lens.hang`` span (``lens.hang.round``,

@@ -324,7 +324,9 @@ impl Sim {
                             missing: vec![x % n],
                             arrivals: vec![(x % n, -1)],
                         },
-                        2 => Message::Done,
+                        2 => Message::Done {
+                            arrivals: Vec::new(),
+                        },
                         _ => Message::Fail {
                             missing: vec![x % n],
                         },
