@@ -285,6 +285,10 @@ impl Broadcaster for TcpBroadcaster {
         self.local_rank
     }
 
+    fn rounds_started(&self) -> Option<u64> {
+        Some(self.group().round)
+    }
+
     /// Every acknowledgement says how long before it was sent each rank of its sender's
     /// subtree came, so rank 0 places every rank on its own clock within a network hop per
     /// tree level, with no clock offsets needed; a root other than 0 hears it in rank 0's

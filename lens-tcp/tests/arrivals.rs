@@ -29,6 +29,15 @@ fn one_round(
         let mine = (b.rank() == 0).then_some(&b"step"[..]);
         blocking::broadcast(b, 0, mine).expect("round")
     });
+    // The hang report names a round by this count.
+    for b in &ranks {
+        assert_eq!(
+            b.rounds_started(),
+            Some(2),
+            "rank {} counts its rounds",
+            b.rank()
+        );
+    }
     let got = ranks[0].take_arrivals().expect("rank 0 knows the arrivals");
     assert_eq!(ranks[0].take_arrivals(), None, "taken once");
     assert_eq!(ranks[1].take_arrivals(), None, "only the root knows");
