@@ -91,6 +91,10 @@ pub mod env {
     /// collective (default [`crate::DEFAULT_DIRECT_MAX`]; `0` or `1`: never). The same on
     /// every rank: ranks that move a round differently never meet, and time out.
     pub const DIRECT_MAX: &str = "LENS_MPI_DIRECT_MAX";
+    /// Every this many rounds the ranks' arrival times are gathered at the root (default
+    /// `0`: never); see [`crate::MpiBroadcasterBuilder::arrivals_every`]. The same on every
+    /// rank.
+    pub const ARRIVALS_EVERY: &str = "LENS_MPI_ARRIVALS_EVERY";
 }
 
 /// Largest group in which a round is direct sends from the root to every other rank rather
@@ -149,6 +153,7 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
 /// The settings' names under which their variables' errors are kept.
 const PERSISTENT: &str = "persistent";
 const DIRECT_MAX: &str = "direct_max";
+const ARRIVALS_EVERY: &str = "arrivals_every";
 
 /// The value of [`env::PERSISTENT`]: on unless it says off.
 fn persistent_from(value: Option<&str>) -> std::result::Result<bool, String> {
@@ -191,6 +196,18 @@ impl MpiBroadcasterBuilder {
         match direct_max_from(var(env::DIRECT_MAX).as_deref()) {
             Ok(n) => b.direct_max = n,
             Err(e) => b.env_errors.note(DIRECT_MAX, e),
+        }
+        if let Some(v) = var(env::ARRIVALS_EVERY) {
+            match v.trim().parse() {
+                Ok(n) => b.opts = b.opts.arrivals_every(n),
+                Err(_) => b.env_errors.note(
+                    ARRIVALS_EVERY,
+                    format!(
+                        "{} must be a number of rounds, not {v:?}",
+                        env::ARRIVALS_EVERY
+                    ),
+                ),
+            }
         }
         b
     }
@@ -235,7 +252,19 @@ impl MpiBroadcasterBuilder {
         self
     }
 
-    /// All three settings at once.
+    /// Gathers the ranks' arrival times at the root every `rounds` rounds (0, the default:
+    /// never), so that the source's step span names the rank that came last
+    /// ([`lens_core::arrivals`]): one more point-to-point exchange of 8 bytes per rank
+    /// after such a round. Arrival times are wall clocks: ranks on different hosts need
+    /// synchronised clocks, or the spread includes their offsets. Variable
+    /// [`env::ARRIVALS_EVERY`].
+    pub fn arrivals_every(mut self, rounds: u64) -> Self {
+        self.opts = self.opts.arrivals_every(rounds);
+        self.env_errors.clear(ARRIVALS_EVERY);
+        self
+    }
+
+    /// The slab settings at once.
     pub fn options(mut self, opts: SlabOptions) -> Self {
         self.opts = opts;
         self
@@ -341,6 +370,8 @@ fn this_thread() -> ThreadId {
     ID.with(|id| *id)
 }
 
+// Every method written out: a default here would hide what the slab group knows.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait::async_trait]
 impl Broadcaster for MpiBroadcaster {
     fn rank(&self) -> usize {
@@ -362,6 +393,14 @@ impl Broadcaster for MpiBroadcaster {
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         self.check_thread()?;
         lens_core::blocking::broadcast(&self.group, root, payload)
+    }
+
+    fn rounds_started(&self) -> Option<u64> {
+        self.group.rounds_started()
+    }
+
+    fn take_arrivals(&self) -> Option<lens_core::arrivals::Arrivals> {
+        self.group.take_arrivals()
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {

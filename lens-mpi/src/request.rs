@@ -305,6 +305,96 @@ pub(crate) fn direct(
     }
 }
 
+/// Messages of an arrivals gather: apart from the rounds' own.
+const GATHER_TAG: c_int = 0x4c47;
+
+/// Gathers `value` from every rank at `round.root` with point-to-point messages (an
+/// `MPI_Irecv` per rank at the root, an `MPI_Isend` elsewhere), polled until done or the
+/// deadline. The root gets every rank's value indexed by rank, the others an empty list;
+/// `None` on a timeout, when the buffers are leaked because MPI may still use them.
+pub(crate) fn gather(
+    comm: &SimpleCommunicator,
+    ranks: Ranks,
+    round: &Round,
+    value: i64,
+    requests: &mut Vec<ffi::MPI_Request>,
+) -> Result<Option<Vec<i64>>> {
+    let root = as_c_int(round.root, "root")?;
+    let size = usize::try_from(ranks.size).unwrap_or(0);
+    let slots: Box<[i64]> = if ranks.me == root {
+        let mut v = vec![0i64; size];
+        if let Some(mine) = v.get_mut(round.root) {
+            *mine = value;
+        }
+        v.into_boxed_slice()
+    } else {
+        vec![value].into_boxed_slice()
+    };
+    let ptr = Box::into_raw(slots);
+    let base = ptr.cast::<i64>();
+    requests.clear();
+    let mut start = |rc: c_int, call: &str, request: ffi::MPI_Request| {
+        requests.push(request);
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(mpi_error(call, rc))
+        }
+    };
+    // SAFETY (each call): `ptr` points to `size` (root) or 1 (elsewhere) i64s that stay
+    // allocated until every request completes (below) or forever (leaked on a timeout or a
+    // failed start); each receive writes one i64 into its own slot (`from` < size); the
+    // communicator is valid while the caller holds it; the datatype is a predefined MPI
+    // constant.
+    let started = if ranks.me == root {
+        (0..ranks.size)
+            .filter(|&from| from != root)
+            .try_for_each(|from| {
+                let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+                let slot = usize::try_from(from).unwrap_or(0);
+                let rc = unsafe {
+                    ffi::MPI_Irecv(
+                        base.add(slot).cast::<c_void>(),
+                        1,
+                        ffi::RSMPI_INT64_T,
+                        from,
+                        GATHER_TAG,
+                        comm.as_raw(),
+                        &mut request,
+                    )
+                };
+                start(rc, "MPI_Irecv", request)
+            })
+    } else {
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                base.cast::<c_void>(),
+                1,
+                ffi::RSMPI_INT64_T,
+                root,
+                GATHER_TAG,
+                comm.as_raw(),
+                &mut request,
+            )
+        };
+        start(rc, "MPI_Isend", request)
+    };
+    started?;
+    if wait_all(requests, round)? {
+        // SAFETY: every request completed, so MPI no longer uses the buffer.
+        let slots = unsafe { Box::from_raw(ptr) };
+        Ok(Some(if ranks.me == root {
+            slots.into_vec()
+        } else {
+            Vec::new()
+        }))
+    } else {
+        tracing::warn!("an MPI arrivals gather timed out; its buffer is left to MPI");
+        Ok(None)
+    }
+}
+
 /// Runs one `MPI_Ibcast` of `buf` from `root` and polls it until it completes or the
 /// deadline passes. Gives the buffer back when done; `None` on a timeout, when the buffer
 /// is leaked because MPI may still write into it.

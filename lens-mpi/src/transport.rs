@@ -6,7 +6,7 @@ use lens_core::Result;
 use lens_core::backend::slab::{Round, Slab, SlabTransport};
 use mpi::topology::SimpleCommunicator;
 
-use crate::request::{Persistent, Ranks, direct, ibcast};
+use crate::request::{Persistent, Ranks, direct, gather, ibcast};
 
 /// Roots that get a persistent broadcast of their own; rounds from others use `MPI_Ibcast`.
 /// Each prepared broadcast holds a slab and the library's schedule; sources are usually a
@@ -135,6 +135,13 @@ impl SlabTransport for Mpi {
 
     fn stop(&mut self) {
         self.leak = true;
+    }
+
+    fn gather_i64(&mut self, round: &Round, value: i64) -> Result<Option<Vec<i64>>> {
+        match gather(&self.comm, self.ranks, round, value, &mut self.requests)? {
+            Some(values) => Ok(Some(values)),
+            None => Err(round.timed_out()),
+        }
     }
 }
 

@@ -25,6 +25,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("slab_size_mismatch", 2, true),
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
+    ("arrivals_name_the_straggler", 3, true),
     // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
     ("clock_under_faketime", 2, true),
 ];
@@ -148,6 +149,35 @@ fn rank_main(case: &str) {
                 futures::executor::block_on(run_rank(&b, &Options::default())),
                 "conformance",
             );
+        }
+        "arrivals_name_the_straggler" => {
+            // Every round gathers arrival times: the conformance suite's straggler case
+            // applies, and rank 2, 40 ms late to a round from rank 0, is named.
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .arrivals_every(1)
+                    .build(),
+                "build",
+            );
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default().rounds(50))),
+                "conformance",
+            );
+            let _ = b.take_arrivals();
+            // The hang report names a round by this count.
+            assert!(b.rounds_started().is_some_and(|r| r > 50));
+            if me == 2 {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            let mine = (me == 0).then_some(&b"step"[..]);
+            check(lens_core::blocking::broadcast(&b, 0, mine), "round");
+            if me == 0 {
+                let a = b.take_arrivals().expect("the root gathered the arrivals");
+                assert_eq!(a.last_rank, 2, "{a:?}");
+                assert!(a.spread_ns >= 35_000_000, "{a:?}");
+            } else {
+                assert_eq!(b.take_arrivals(), None);
+            }
         }
         "conformance_persistent" => {
             // A group over the direct-send limit: Open MPI 4.1 (the tested MPI) has

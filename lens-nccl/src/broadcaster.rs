@@ -246,6 +246,8 @@ impl NcclBroadcaster {
     }
 }
 
+// Every method written out: a default here would hide what the slab group knows.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait::async_trait]
 impl Broadcaster for NcclBroadcaster {
     fn rank(&self) -> usize {
@@ -262,6 +264,19 @@ impl Broadcaster for NcclBroadcaster {
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         lens_core::blocking::broadcast(&self.group, root, payload)
+    }
+
+    /// NCCL's communicator knows no node-local rank; `RankInfo` takes the launcher's.
+    fn local_rank(&self) -> Option<usize> {
+        None
+    }
+
+    fn rounds_started(&self) -> Option<u64> {
+        self.group.rounds_started()
+    }
+
+    fn take_arrivals(&self) -> Option<lens_core::arrivals::Arrivals> {
+        self.group.take_arrivals()
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {

@@ -20,6 +20,7 @@ pub use options::{
     DEFAULT_ROUND_TIMEOUT, DEFAULT_SLAB_SIZE, MAX_SLAB_BYTES, SlabOptions, SlabVars,
 };
 
+use crate::arrivals::Arrivals;
 use crate::backend::check_broadcast_args;
 use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
@@ -155,6 +156,17 @@ pub trait SlabTransport: Send {
     /// Called once, after the round that left this rank out of step with its peers: abort
     /// the communicator, say, so that nothing of this rank waits on them any more.
     fn stop(&mut self) {}
+
+    /// Gathers one number from every rank at `round.root`: there, every rank's value
+    /// indexed by rank; elsewhere an empty list. `Ok(None)`, the default, where the
+    /// transport has no gather ([`SlabOptions::arrivals_every`] then reports nothing).
+    ///
+    /// # Errors
+    /// As [`SlabTransport::broadcast_slab`].
+    fn gather_i64(&mut self, round: &Round, value: i64) -> Result<Option<Vec<i64>>> {
+        let _ = (round, value);
+        Ok(None)
+    }
 }
 
 struct State<T> {
@@ -163,6 +175,8 @@ struct State<T> {
     broken: Option<String>,
     /// Rounds started, for hang reports.
     rounds: u64,
+    /// How the ranks came to the last round this rank was the root of, where gathered.
+    arrivals: Option<Arrivals>,
 }
 
 /// A [`Broadcaster`] over a [`SlabTransport`]: the slab round, its deadline and the refusal
@@ -174,6 +188,7 @@ pub struct SlabGroup<T> {
     rank: usize,
     world_size: usize,
     timeout: Duration,
+    arrivals_every: u64,
 }
 
 impl<T> std::fmt::Debug for SlabGroup<T> {
@@ -212,6 +227,7 @@ impl<T: SlabTransport> SlabGroup<T> {
                 slab: Slab::new(opts.slab_size),
                 broken: None,
                 rounds: 0,
+                arrivals: None,
             }),
             backend,
             format: SlabFormat {
@@ -222,6 +238,7 @@ impl<T: SlabTransport> SlabGroup<T> {
             rank,
             world_size,
             timeout: opts.timeout,
+            arrivals_every: opts.arrivals_every,
         })
     }
 
@@ -262,14 +279,28 @@ impl<T: SlabTransport> SlabGroup<T> {
         root: usize,
         f: impl FnOnce(&mut T, &mut Slab, &Round) -> Result<R>,
     ) -> Result<R> {
+        self.locked_as(root, true, f)
+    }
+
+    /// [`SlabGroup::locked`]; `counted`: whether it is a round of the caller's (an
+    /// arrivals gather is not).
+    fn locked_as<R>(
+        &self,
+        root: usize,
+        counted: bool,
+        f: impl FnOnce(&mut T, &mut Slab, &Round) -> Result<R>,
+    ) -> Result<R> {
         let mut state = self.state();
         let State {
             transport,
             slab,
             broken,
             rounds,
+            ..
         } = &mut *state;
-        *rounds += 1;
+        if counted {
+            *rounds += 1;
+        }
         if let Some(why) = broken {
             return Err(Error::Closed {
                 backend: self.backend,
@@ -294,6 +325,31 @@ impl<T: SlabTransport> SlabGroup<T> {
     /// As [`Broadcaster::broadcast`]; [`Error::Closed`] after a failed round.
     fn round(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
+        if self.arrivals_every > 0 {
+            return self.round_with_arrivals(root, payload);
+        }
+        self.round_only(root, payload)
+    }
+
+    /// A round, then, every [`SlabOptions::arrivals_every`] rounds, a gather of when each
+    /// rank came to it (its wall clock, so ranks on other hosts need synchronised clocks
+    /// or the spread includes their offsets) to the root.
+    fn round_with_arrivals(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let entered = crate::clock::system_now_ns();
+        let out = self.round_only(root, payload)?;
+        let due = self.state().rounds % self.arrivals_every == 0;
+        if due {
+            let entered = i64::try_from(entered).unwrap_or(i64::MAX);
+            let got = self.locked_as(root, false, |t, _, round| t.gather_i64(round, entered))?;
+            if let Some(times) = got.filter(|_| self.rank == root) {
+                let arrivals = Arrivals::from_times(times.into_iter().enumerate());
+                self.state().arrivals = arrivals;
+            }
+        }
+        Ok(out)
+    }
+
+    fn round_only(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let format = self.format;
         let cap = format.capacity();
         self.locked(root, |t, slab, round| {
@@ -349,6 +405,10 @@ impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
 
     fn rounds_started(&self) -> Option<u64> {
         Some(self.state().rounds)
+    }
+
+    fn take_arrivals(&self) -> Option<Arrivals> {
+        self.state().arrivals.take()
     }
 }
 

@@ -40,6 +40,10 @@ pub struct SlabOptions {
     pub timeout: Duration,
     /// Largest payload (default [`DEFAULT_MAX_PAYLOAD`]).
     pub max_payload: usize,
+    /// Every this many rounds, the ranks' arrival times are gathered at the root, for the
+    /// source's step span ([`crate::arrivals`]); 0 (the default): never. Each gather is one
+    /// more exchange, of 8 bytes from each rank, after the round.
+    pub arrivals_every: u64,
     /// Variables that could not be read, reported by [`SlabOptions::check`] unless code set
     /// the field since.
     env_errors: EnvErrors,
@@ -51,6 +55,7 @@ impl Default for SlabOptions {
             slab_size: DEFAULT_SLAB_SIZE,
             timeout: DEFAULT_ROUND_TIMEOUT,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            arrivals_every: 0,
             env_errors: EnvErrors::default(),
         }
     }
@@ -94,6 +99,15 @@ impl SlabOptions {
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
         self.env_errors.clear(MAX_PAYLOAD);
+        self
+    }
+
+    /// Gathers the ranks' arrival times at the root every `rounds` rounds (0: never), where
+    /// the transport can gather; the root's [`crate::Broadcaster::take_arrivals`] then
+    /// names the rank that came last.
+    #[must_use]
+    pub fn arrivals_every(mut self, rounds: u64) -> Self {
+        self.arrivals_every = rounds;
         self
     }
 
