@@ -341,6 +341,14 @@ impl MpiBroadcaster {
         self.mode == Mode::Persistent
     }
 
+    /// This rank's measured clock offset (`lens_core::measure_clock_offsets`, or a
+    /// `ClockTracker`), taken off the arrival times it sends
+    /// ([`MpiBroadcasterBuilder::arrivals_every`]) so that ranks on hosts whose clocks
+    /// differ are compared on the reference's clock.
+    pub fn set_clock_offset(&self, offset: lens_core::ClockOffset) {
+        self.group.set_clock_offset(offset.offset_ns);
+    }
+
     /// The slab size in bytes, header included.
     pub fn slab_size(&self) -> usize {
         self.group.slab_size()

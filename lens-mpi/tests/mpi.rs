@@ -307,7 +307,12 @@ fn rank_main(case: &str) {
             }
         }
         "clock_under_faketime" => {
-            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .arrivals_every(1)
+                    .build(),
+                "build",
+            );
             let table = check(lens_core::measure_clock_offsets(&b, 0, 16), "clock offsets");
             let c = table[1];
             println!(
@@ -319,6 +324,24 @@ fn rank_main(case: &str) {
                 "offset {c:?}"
             );
             assert!(c.error_ns < 1_000_000, "error bound {c:?}");
+            // Arrival times are wall clocks: 2.5 s apart until each rank takes its offset
+            // off, then as close as the ranks came.
+            let step = |b: &MpiBroadcaster| {
+                let _ = b.take_arrivals();
+                check(
+                    blocking::broadcast(b, 0, (me == 0).then_some(&b"step"[..])),
+                    "round",
+                );
+                b.take_arrivals()
+            };
+            if let Some(a) = step(&b) {
+                assert!(a.spread_ns > 2_000_000_000, "clocks 2.5 s apart: {a:?}");
+            }
+            b.set_clock_offset(table[usize::try_from(me).unwrap_or(0)]);
+            if let Some(a) = step(&b) {
+                println!("with offsets taken off: spread {} ns", a.spread_ns);
+                assert!(a.spread_ns < 100_000_000, "offsets taken off: {a:?}");
+            }
         }
         "settings_from_the_environment" => {
             let b = check(

@@ -20,6 +20,8 @@ pub use options::{
     DEFAULT_ROUND_TIMEOUT, DEFAULT_SLAB_SIZE, MAX_SLAB_BYTES, SlabOptions, SlabVars,
 };
 
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use crate::arrivals::Arrivals;
 use crate::backend::check_broadcast_args;
 use crate::broadcaster::Broadcaster;
@@ -189,6 +191,8 @@ pub struct SlabGroup<T> {
     world_size: usize,
     timeout: Duration,
     arrivals_every: u64,
+    /// This rank's clock minus the reference clock, taken off its arrival times.
+    clock_offset_ns: AtomicI64,
 }
 
 impl<T> std::fmt::Debug for SlabGroup<T> {
@@ -239,7 +243,15 @@ impl<T: SlabTransport> SlabGroup<T> {
             world_size,
             timeout: opts.timeout,
             arrivals_every: opts.arrivals_every,
+            clock_offset_ns: AtomicI64::new(0),
         })
+    }
+
+    /// This rank's measured clock offset (`lens_core::clock`), taken off the arrival times
+    /// it sends ([`SlabOptions::arrivals_every`]), so that ranks on hosts whose clocks
+    /// differ are compared on the reference's clock.
+    pub fn set_clock_offset(&self, offset_ns: i64) {
+        self.clock_offset_ns.store(offset_ns, Ordering::Relaxed);
     }
 
     /// The slab size in bytes, header included.
@@ -339,7 +351,8 @@ impl<T: SlabTransport> SlabGroup<T> {
         let out = self.round_only(root, payload)?;
         let due = self.state().rounds % self.arrivals_every == 0;
         if due {
-            let entered = i64::try_from(entered).unwrap_or(i64::MAX);
+            let offset = i128::from(self.clock_offset_ns.load(Ordering::Relaxed));
+            let entered = i64::try_from(entered - offset).unwrap_or(i64::MAX);
             let got = self.locked_as(root, false, |t, _, round| t.gather_i64(round, entered))?;
             if let Some(times) = got.filter(|_| self.rank == root) {
                 let arrivals = Arrivals::from_times(times.into_iter().enumerate());
