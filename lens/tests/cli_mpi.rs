@@ -42,6 +42,37 @@ fn mpi_demo_under_mpirun() {
     );
 }
 
+/// `--inject delay:R:MS` under MPI: the ranks gather their arrival times every round, and
+/// every step's header names rank R.
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_demo_names_the_straggler_in_every_step() {
+    let (ok, out) = mpirun(
+        3,
+        &[
+            "demo",
+            "--backend",
+            "mpi",
+            "--steps",
+            "3",
+            "--inject",
+            "delay:2:40",
+        ],
+    );
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("arrivals:")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines.iter().all(|l| l.contains("rank 2 came last")),
+        "{out}"
+    );
+    let (ok, out) = mpirun(2, &["demo", "--backend", "mpi", "--inject", "absent:1"]);
+    assert!(
+        !ok && out.contains("stop a rank's process instead"),
+        "{out}"
+    );
+}
+
 #[test]
 #[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
 fn mpi_demo_exports_every_rank_over_otlp() {

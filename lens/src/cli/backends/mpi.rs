@@ -4,6 +4,14 @@
 use std::time::Duration;
 
 use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
+use lens::testkit::{Corruption, Fault, Faulty};
+
+use super::Injected;
+
+/// Clock exchanges per rank when the demo's ranks measure their offsets from rank 0.
+const CLOCK_REPETITIONS: usize = 4;
+/// Largest demo job whose ranks measure their clocks (the cost grows as N²).
+const CLOCK_MAX_RANKS: usize = 64;
 use lens::{Broadcaster, Carrier};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -34,16 +42,40 @@ impl Backend for Mpi {
         if args.rank.is_some() {
             return Err("with --backend mpi the rank comes from mpirun".into());
         }
-        if !args.inject.is_empty() {
-            return Err("--inject works with the local backend".into());
-        }
         let universe = mpi::initialize().ok_or("MPI was already initialised")?;
         let world = universe.world();
         let (rank, size) = (world.rank(), world.size());
+        let me = usize::try_from(rank).unwrap_or_default();
+        let n = usize::try_from(size).unwrap_or(1);
+        let mut faults = Vec::new();
+        for spec in &args.inject {
+            match Injected::parse(spec, n)? {
+                Injected::Absent(_) => {
+                    return Err(
+                        "--inject absent: under MPI a rank that misses a round leaves the communicator out of step for good; stop a rank's process instead"
+                            .into(),
+                    );
+                }
+                Injected::Delay(r, d) if r == me => faults.push(Fault::Delay(d)),
+                Injected::Corrupt(r) if r == me => {
+                    faults.push(Fault::Corrupt(Corruption::Truncate));
+                }
+                _ => {}
+            }
+        }
+        // Every round gathers the ranks' arrival times, so each step names its straggler;
+        // offsets measured first, so ranks on hosts whose clocks differ compare.
         let group = MpiBroadcaster::builder(world.duplicate())
             .timeout(timeout)
+            .arrivals_every(1)
             .build()
             .map_err(|e| e.to_string())?;
+        if n <= CLOCK_MAX_RANKS {
+            let clocks = lens::measure_clock_offsets(&group, 0, CLOCK_REPETITIONS)
+                .map_err(|e| format!("measuring clock offsets: {e}"))?;
+            group.set_clock_offset(clocks[me]);
+        }
+        let group = Faulty::new(group, faults);
         let otlp = OtlpChoice::from_args(args)?;
         let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
         if let Err(e) = run.outcome {
