@@ -230,6 +230,49 @@ pub(crate) struct Ranks {
     pub(crate) size: c_int,
 }
 
+/// Which way a point-to-point request goes.
+#[derive(Clone, Copy)]
+enum Way {
+    /// `MPI_Isend` to the peer.
+    Send,
+    /// `MPI_Irecv` from the peer.
+    Recv,
+}
+
+/// Starts one point-to-point request on `buf` (`count` items of `datatype`) with `peer` and
+/// keeps it in `requests`, even when MPI refuses it (then an error naming the call).
+///
+/// # Safety
+/// `buf` must point to `count` items of `datatype` that stay allocated (and, for a receive,
+/// untouched) until the request completes; the communicator must be valid.
+unsafe fn start_p2p(
+    way: Way,
+    (buf, count, datatype): (*mut c_void, c_int, ffi::MPI_Datatype),
+    peer: c_int,
+    tag: c_int,
+    comm: &SimpleCommunicator,
+    requests: &mut Vec<ffi::MPI_Request>,
+) -> Result<()> {
+    // SAFETY: reading a predefined MPI constant; the rest as the caller promises.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    let (rc, call) = match way {
+        Way::Send => (
+            unsafe { ffi::MPI_Isend(buf, count, datatype, peer, tag, comm.as_raw(), &mut request) },
+            "MPI_Isend",
+        ),
+        Way::Recv => (
+            unsafe { ffi::MPI_Irecv(buf, count, datatype, peer, tag, comm.as_raw(), &mut request) },
+            "MPI_Irecv",
+        ),
+    };
+    requests.push(request);
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(mpi_error(call, rc))
+    }
+}
+
 /// One round of direct sends: on `round.root`, the first `count` bytes of `buf` go to every
 /// other rank (`MPI_Isend`); elsewhere up to `buf.len()` bytes come from the root
 /// (`MPI_Irecv`). Polled until every request completes or the deadline passes. Gives the
@@ -251,48 +294,19 @@ pub(crate) fn direct(
     let len = as_c_int(buf.len(), "buffer of")?;
     let ptr = Box::into_raw(buf);
     requests.clear();
-    let mut start = |rc: c_int, call: &str, request: ffi::MPI_Request| {
-        requests.push(request);
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(mpi_error(call, rc))
-        }
-    };
+    let bytes = ptr.cast::<c_void>();
     // SAFETY (each call): `ptr` points to `len` bytes that stay allocated until every
     // request completes (below) or forever (leaked on a timeout or a failed start, when a
     // request may still use them); the communicator is valid while the caller holds it; the
     // datatype is a predefined MPI constant.
     let started = if ranks.me == root {
-        (0..ranks.size).filter(|&to| to != root).try_for_each(|to| {
-            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-            let rc = unsafe {
-                ffi::MPI_Isend(
-                    ptr.cast::<c_void>(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    to,
-                    DIRECT_TAG,
-                    comm.as_raw(),
-                    &mut request,
-                )
-            };
-            start(rc, "MPI_Isend", request)
-        })
+        let out = (bytes, count, unsafe { ffi::RSMPI_UINT8_T });
+        (0..ranks.size)
+            .filter(|&to| to != root)
+            .try_for_each(|to| unsafe { start_p2p(Way::Send, out, to, DIRECT_TAG, comm, requests) })
     } else {
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        let rc = unsafe {
-            ffi::MPI_Irecv(
-                ptr.cast::<c_void>(),
-                len,
-                ffi::RSMPI_UINT8_T,
-                root,
-                DIRECT_TAG,
-                comm.as_raw(),
-                &mut request,
-            )
-        };
-        start(rc, "MPI_Irecv", request)
+        let into = (bytes, len, unsafe { ffi::RSMPI_UINT8_T });
+        unsafe { start_p2p(Way::Recv, into, root, DIRECT_TAG, comm, requests) }
     };
     // On a failed start the buffer stays leaked: earlier requests may use it.
     started?;
@@ -333,14 +347,6 @@ pub(crate) fn gather(
     let ptr = Box::into_raw(slots);
     let base = ptr.cast::<i64>();
     requests.clear();
-    let mut start = |rc: c_int, call: &str, request: ffi::MPI_Request| {
-        requests.push(request);
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(mpi_error(call, rc))
-        }
-    };
     // SAFETY (each call): `ptr` points to `size` (root) or 1 (elsewhere) i64s that stay
     // allocated until every request completes (below) or forever (leaked on a timeout or a
     // failed start); each receive writes one i64 into its own slot (`from` < size); the
@@ -350,35 +356,15 @@ pub(crate) fn gather(
         (0..ranks.size)
             .filter(|&from| from != root)
             .try_for_each(|from| {
-                let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
                 let slot = usize::try_from(from).unwrap_or(0);
-                let rc = unsafe {
-                    ffi::MPI_Irecv(
-                        base.add(slot).cast::<c_void>(),
-                        1,
-                        ffi::RSMPI_INT64_T,
-                        from,
-                        GATHER_TAG,
-                        comm.as_raw(),
-                        &mut request,
-                    )
-                };
-                start(rc, "MPI_Irecv", request)
+                let into = (unsafe { base.add(slot) }.cast::<c_void>(), 1, unsafe {
+                    ffi::RSMPI_INT64_T
+                });
+                unsafe { start_p2p(Way::Recv, into, from, GATHER_TAG, comm, requests) }
             })
     } else {
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                base.cast::<c_void>(),
-                1,
-                ffi::RSMPI_INT64_T,
-                root,
-                GATHER_TAG,
-                comm.as_raw(),
-                &mut request,
-            )
-        };
-        start(rc, "MPI_Isend", request)
+        let out = (base.cast::<c_void>(), 1, unsafe { ffi::RSMPI_INT64_T });
+        unsafe { start_p2p(Way::Send, out, root, GATHER_TAG, comm, requests) }
     };
     started?;
     if wait_all(requests, round)? {
