@@ -68,6 +68,15 @@ fn main() {
             ),
         ),
         (
+            "grpc_no_open",
+            guard(
+                OtlpBuilder::new(info())
+                    .protocol(Protocol::Grpc)
+                    .endpoint(receiver.grpc_endpoint())
+                    .track_open_spans(false),
+            ),
+        ),
+        (
             "otlp_http",
             guard(
                 OtlpBuilder::new(info())
