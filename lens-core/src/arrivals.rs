@@ -19,7 +19,7 @@
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanRef;
@@ -87,6 +87,17 @@ impl Arrivals {
             spread_ns,
             ranks,
         })
+    }
+
+    /// From each rank's arrival as an instant of one monotonic clock (ranks of one
+    /// process); `None` for no ranks.
+    pub fn from_instants(instants: impl IntoIterator<Item = (usize, Instant)>) -> Option<Arrivals> {
+        let instants: Vec<(usize, Instant)> = instants.into_iter().collect();
+        let first = instants.iter().map(|&(_, at)| at).min()?;
+        Arrivals::from_times(instants.into_iter().map(|(r, at)| {
+            let after = at.saturating_duration_since(first).as_nanos();
+            (r, i64::try_from(after).unwrap_or(i64::MAX))
+        }))
     }
 
     /// Writes the attributes on `span`, and an event for each rank later than `threshold`
@@ -165,5 +176,9 @@ mod tests {
             assert_eq!(got, order, "{why}");
         }
         assert_eq!(Arrivals::from_times([]), None, "no ranks");
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(3);
+        let a = Arrivals::from_instants([(1, later), (0, t0)]).expect("instants");
+        assert_eq!((a.last_rank, a.spread_ns), (1, 3_000_000), "instants");
     }
 }

@@ -193,7 +193,43 @@ fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize]) {
         "timed out waiting for rank(s) {missing:?}"
     )));
     span.end();
+    flush_now();
+}
+
+/// Runs the flush hook, if one is set.
+fn flush_now() {
     if let Some((_, flush)) = FLUSH.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
         flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::{clear_flush, flush_now, set_flush};
+
+    /// Two guards in turn: the later hook replaces the earlier, the earlier one's shutdown
+    /// (its `clear_flush`) leaves the later in place, and after the later shuts down no
+    /// hook runs (a report then flushes nothing that is gone).
+    #[test]
+    fn a_flush_hook_outlives_only_its_own_guard() {
+        let (first, second) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let counter = |c: &Arc<AtomicUsize>| {
+            let c = Arc::clone(c);
+            Box::new(move || {
+                c.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let a = set_flush(counter(&first));
+        flush_now();
+        let b = set_flush(counter(&second));
+        clear_flush(a);
+        flush_now();
+        clear_flush(b);
+        flush_now();
+        assert_eq!(first.load(Ordering::Relaxed), 1);
+        assert_eq!(second.load(Ordering::Relaxed), 1);
     }
 }

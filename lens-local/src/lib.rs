@@ -265,16 +265,9 @@ impl Broadcaster for LocalBroadcaster {
                 })
                 .await?;
             if let Some(Some(entered)) = &done {
-                let times = entered.iter().enumerate().filter_map(|(r, at)| {
-                    let at = (*at)?;
-                    let after = at.saturating_duration_since(start).as_nanos();
-                    let before = start.saturating_duration_since(at).as_nanos();
-                    let ns = i64::try_from(after).unwrap_or(i64::MAX)
-                        - i64::try_from(before).unwrap_or(i64::MAX);
-                    Some((r, ns))
-                });
+                let entered = entered.iter().enumerate();
                 *self.arrivals.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Arrivals::from_times(times);
+                    Arrivals::from_instants(entered.filter_map(|(r, at)| Some((r, (*at)?))));
             }
             if done.is_none() {
                 let mut rounds = self.shared.lock();

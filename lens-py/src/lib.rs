@@ -5,6 +5,11 @@
 //! carrier codec. The Python half (`lens-py/python/lens_trace`) builds the drop-in API for
 //! `nemo.lens.distributed` on top. Every wait happens with the GIL released.
 #![warn(missing_docs)]
+// Library paths return errors; unwrap/expect only in tests.
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 // PyO3's macros expand to `unsafe` FFI glue; this crate writes none of its own.
 #![allow(unsafe_code)]
 

@@ -63,6 +63,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
+// Library paths return errors; unwrap/expect only in tests.
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub use lens_core::{
     BoxError, Broadcaster, Carrier, CarrierError, ClockOffset, DEFAULT_MAX_PAYLOAD, Error,

@@ -1,5 +1,10 @@
 //! The `lens` program: a pipeline-parallel demo and the broadcast benchmark.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
+// Library paths return errors; unwrap/expect only in tests.
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod cli;
 

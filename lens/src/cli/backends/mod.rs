@@ -70,3 +70,23 @@ impl Injected {
         }
     }
 }
+
+/// Clock exchanges per rank when a demo rank measures its offset from rank 0.
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+const CLOCK_REPETITIONS: usize = 4;
+/// Largest demo job whose ranks measure their clocks: the measurement is
+/// 4 × (N − 1) × 2 + 1 rounds, each of which grows with N.
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+const CLOCK_MAX_RANKS: usize = 64;
+
+/// This rank's clock offset from rank 0, measured as the demo's group forms (a collective:
+/// every rank calls it); `None` in jobs over [`CLOCK_MAX_RANKS`].
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+pub(crate) fn demo_clock(b: &dyn lens::Broadcaster) -> Result<Option<lens::ClockOffset>, String> {
+    if b.world_size() > CLOCK_MAX_RANKS {
+        return Ok(None);
+    }
+    let table = lens::measure_clock_offsets(b, 0, CLOCK_REPETITIONS)
+        .map_err(|e| format!("measuring clock offsets: {e}"))?;
+    Ok(table.get(b.rank()).copied())
+}

@@ -6,12 +6,8 @@ use std::time::Duration;
 use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
 use lens::testkit::{Corruption, Fault, Faulty};
 
-use super::Injected;
+use super::{Injected, demo_clock};
 
-/// Clock exchanges per rank when the demo's ranks measure their offsets from rank 0.
-const CLOCK_REPETITIONS: usize = 4;
-/// Largest demo job whose ranks measure their clocks (the cost grows as N²).
-const CLOCK_MAX_RANKS: usize = 64;
 use lens::{Broadcaster, Carrier};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -70,10 +66,8 @@ impl Backend for Mpi {
             .arrivals_every(1)
             .build()
             .map_err(|e| e.to_string())?;
-        if n <= CLOCK_MAX_RANKS {
-            let clocks = lens::measure_clock_offsets(&group, 0, CLOCK_REPETITIONS)
-                .map_err(|e| format!("measuring clock offsets: {e}"))?;
-            group.set_clock_offset(clocks[me]);
+        if let Some(clock) = demo_clock(&group)? {
+            group.set_clock_offset(clock);
         }
         let group = Faulty::new(group, faults);
         let otlp = OtlpChoice::from_args(args)?;

@@ -17,12 +17,8 @@ use super::super::launcher;
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
 use super::super::record::{CLOCK_LINE, Job, clock_json};
-use super::Injected;
+use super::{Injected, demo_clock};
 
-/// Clock exchanges per rank when a demo rank measures its offset from rank 0.
-const CLOCK_REPETITIONS: usize = 4;
-/// Largest demo job whose ranks measure their clocks (the cost grows as N²).
-const CLOCK_MAX_RANKS: usize = 64;
 /// Most ranks the bench runs, one thread (and two sockets) each.
 const MAX_BENCH_RANKS: usize = 256;
 /// How long a raw baseline round waits for a peer before the bench fails.
@@ -50,14 +46,11 @@ impl Backend for Tcp {
                     .collect::<Vec<_>>();
                 let group = join(args, rank, timeout)?;
                 // Where this rank's clock stands against rank 0's, so that the job's view
-                // lines the ranks up: a collective of 4 × (N − 1) × 2 + 1 rounds, each of
-                // which grows with N, so only in jobs of up to CLOCK_MAX_RANKS.
-                if n <= CLOCK_MAX_RANKS {
-                    let clocks = lens::measure_clock_offsets(&group, 0, CLOCK_REPETITIONS)
-                        .map_err(|e| format!("measuring clock offsets: {e}"))?;
-                    if args.emit_spans {
-                        println!("{CLOCK_LINE}{}", clock_json(&clocks[rank]));
-                    }
+                // lines the ranks up.
+                if let Some(clock) = demo_clock(&group)?
+                    && args.emit_spans
+                {
+                    println!("{CLOCK_LINE}{}", clock_json(&clock));
                 }
                 if mine.iter().any(|f| matches!(f, Injected::Absent(_))) {
                     // It joined, and leaves before the first step: the others name it.
