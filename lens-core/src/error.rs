@@ -42,13 +42,23 @@ pub enum Error {
     },
 
     /// Some ranks did not take part in a collective within the deadline.
-    #[error("timed out after {after:?} {}", waiting_for(missing))]
+    #[error(
+        "timed out after {after:?} {}{}",
+        waiting_for(missing),
+        last_seen_of(last_seen)
+    )]
     Timeout {
         /// How long this rank waited.
         after: Duration,
         /// The ranks that had not shown up when the deadline passed; empty where the
         /// transport cannot tell (an MPI or NCCL collective).
         missing: Vec<usize>,
+        /// For the missing ranks this rank has news of: `(rank, round)`, the last round
+        /// this rank knows that rank took part in, counted as
+        /// [`Broadcaster::rounds_started`](crate::Broadcaster::rounds_started) counts
+        /// them (0: none yet). A rank stuck since an earlier step shows an older round than
+        /// the others. Empty where the transport cannot tell.
+        last_seen: Vec<(usize, u64)>,
     },
 
     /// The bytes received are not a valid carrier.
@@ -141,6 +151,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Builds a [`Error::Timeout`] with no news of the missing ranks' last rounds.
+    pub fn timeout(after: Duration, missing: Vec<usize>) -> Self {
+        Error::Timeout {
+            after,
+            missing,
+            last_seen: Vec::new(),
+        }
+    }
+
     /// Builds a [`Error::Config`].
     pub fn config(reason: impl Into<String>) -> Self {
         Error::Config {
@@ -191,24 +210,42 @@ fn waiting_for(missing: &[usize]) -> String {
     }
 }
 
+/// What the message says of the missing ranks' last rounds, where known.
+fn last_seen_of(last_seen: &[(usize, u64)]) -> String {
+    if last_seen.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = last_seen
+        .iter()
+        .map(|(rank, round)| match round {
+            0 => format!("rank {rank} in none yet"),
+            r => format!("rank {rank} in round {r}"),
+        })
+        .collect();
+    format!("; last seen: {}", each.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_timeout_names_the_missing_ranks_or_says_it_cannot() {
-        let named = Error::Timeout {
-            after: Duration::from_secs(1),
-            missing: vec![2, 5],
-        };
+        let named = Error::timeout(Duration::from_secs(1), vec![2, 5]);
         assert_eq!(
             named.to_string(),
             "timed out after 1s waiting for rank(s) [2, 5]"
         );
-        let unknown = Error::Timeout {
+        let seen = Error::Timeout {
             after: Duration::from_secs(1),
-            missing: Vec::new(),
+            missing: vec![2, 5],
+            last_seen: vec![(2, 40), (5, 0)],
         };
+        assert_eq!(
+            seen.to_string(),
+            "timed out after 1s waiting for rank(s) [2, 5]; last seen: rank 2 in round 40, rank 5 in none yet"
+        );
+        let unknown = Error::timeout(Duration::from_secs(1), Vec::new());
         assert!(
             unknown.to_string().contains("cannot tell which ranks"),
             "{unknown}"

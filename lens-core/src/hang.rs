@@ -5,7 +5,8 @@
 //! [`Error::Timeout`] starts a span named [`keys::SPAN`] through the global tracer provider
 //! (`opentelemetry::global`), as a child of the rank's current context, with
 //! [`keys::ROUND`] (the round's number on this rank, where the backend counts rounds),
-//! [`keys::MISSING_RANKS`] and [`keys::RANK`], and one [`keys::OPEN_SPAN_EVENT`] event per
+//! [`keys::MISSING_RANKS`] (with [`keys::MISSING_LAST_SEEN`] where the transport knows the
+//! last round each took part in) and [`keys::RANK`], and one [`keys::OPEN_SPAN_EVENT`] event per
 //! span still open in the process (its name and age), as far as an [`OpenSpans`] processor
 //! has seen them. Then the flush hook ([`set_flush`]) runs, so the report is exported before
 //! the error reaches the caller: lens-otlp's guard sets both up when it is made global
@@ -50,6 +51,9 @@ pub mod keys {
     pub const ROUND: &str = "lens.hang.round";
     /// The ranks the round waited for (an integer array).
     pub const MISSING_RANKS: &str = "lens.hang.missing_ranks";
+    /// For each of [`MISSING_RANKS`], the last round the reporting rank knows it took part
+    /// in (an integer array in the same order; 0: none yet, -1: the transport cannot tell).
+    pub const MISSING_LAST_SEEN: &str = "lens.hang.missing_last_seen";
     /// The rank that reports.
     pub const RANK: &str = "lens.hang.rank";
     /// How long the round waited, in nanoseconds.
@@ -147,13 +151,18 @@ fn as_i64(v: impl TryInto<i64>) -> i64 {
 
 /// Reports `e` when it is a timeout (see the module docs); returns it unchanged.
 pub(crate) fn on_error(b: &dyn Broadcaster, e: Error) -> Error {
-    if let Error::Timeout { after, missing } = &e {
-        report(b, after.as_nanos(), missing);
+    if let Error::Timeout {
+        after,
+        missing,
+        last_seen,
+    } = &e
+    {
+        report(b, after.as_nanos(), missing, last_seen);
     }
     e
 }
 
-fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize]) {
+fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize], last_seen: &[(usize, u64)]) {
     let mut attributes = vec![
         KeyValue::new(keys::RANK, as_i64(b.rank())),
         KeyValue::new(
@@ -168,6 +177,21 @@ fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize]) {
         ),
         KeyValue::new(keys::WAITED_NS, as_i64(waited_ns)),
     ];
+    if !last_seen.is_empty() {
+        let rounds: Vec<i64> = missing
+            .iter()
+            .map(|m| {
+                last_seen
+                    .iter()
+                    .find(|(r, _)| r == m)
+                    .map_or(-1, |&(_, round)| as_i64(round))
+            })
+            .collect();
+        attributes.push(KeyValue::new(
+            keys::MISSING_LAST_SEEN,
+            Value::Array(rounds.into()),
+        ));
+    }
     if let Some(round) = b.rounds_started() {
         attributes.push(KeyValue::new(keys::ROUND, as_i64(round)));
     }

@@ -153,7 +153,7 @@ async fn missing_source_is_a_timeout_naming_it() {
         futures::future::join_all(ranks[1..].iter().map(|b| broadcast_trace_context(b, 0))).await;
     for g in got {
         match g {
-            Err(Error::Timeout { missing, after }) => {
+            Err(Error::Timeout { missing, after, .. }) => {
                 assert_eq!(missing, vec![0]);
                 assert!(
                     after >= Duration::from_millis(200) && after < Duration::from_secs(2),

@@ -52,8 +52,12 @@ fn a_timed_out_round_leaves_a_hang_report_on_each_waiting_rank() {
     });
     for (rank, r) in results.iter().enumerate().take(2) {
         match r {
-            Some(Err(Error::Timeout { missing, .. })) => {
-                assert_eq!(missing, &vec![2], "rank {rank}")
+            Some(Err(Error::Timeout {
+                missing, last_seen, ..
+            })) => {
+                assert_eq!(missing, &vec![2], "rank {rank}");
+                // Rank 2 took part in the first round only.
+                assert_eq!(last_seen, &vec![(2, 1)], "rank {rank}");
             }
             other => panic!("rank {rank}: {other:?}"),
         }
@@ -88,6 +92,11 @@ fn a_timed_out_round_leaves_a_hang_report_on_each_waiting_rank() {
         assert_eq!(
             attr(r, keys::MISSING_RANKS),
             Some(&Value::Array(Array::I64(vec![2]))),
+            "{r:?}"
+        );
+        assert_eq!(
+            attr(r, keys::MISSING_LAST_SEEN),
+            Some(&Value::Array(Array::I64(vec![1]))),
             "{r:?}"
         );
         let open: Vec<String> = r

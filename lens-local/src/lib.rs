@@ -56,6 +56,8 @@ struct Shared {
     timeout: Duration,
     max_payload: usize,
     rounds: Mutex<HashMap<u64, Round>>,
+    /// Per rank, how many rounds it has started: a timeout names where each missing rank is.
+    started: Vec<AtomicU64>,
 }
 
 impl Shared {
@@ -113,12 +115,12 @@ impl LocalCluster {
             timeout: self.timeout,
             max_payload: self.max_payload,
             rounds: Mutex::new(HashMap::new()),
+            started: (0..self.world_size).map(|_| AtomicU64::new(0)).collect(),
         });
         (0..self.world_size)
             .map(|rank| LocalBroadcaster {
                 shared: Arc::clone(&shared),
                 rank,
-                next_round: AtomicU64::new(0),
                 arrivals: Mutex::new(None),
             })
             .collect()
@@ -137,7 +139,6 @@ impl LocalCluster {
 pub struct LocalBroadcaster {
     shared: Arc<Shared>,
     rank: usize,
-    next_round: AtomicU64,
     /// How the ranks arrived at the last round this rank was the root of.
     arrivals: Mutex<Option<Arrivals>>,
 }
@@ -157,6 +158,23 @@ enum Wait<T> {
 }
 
 impl LocalBroadcaster {
+    /// How many rounds rank `r` has started.
+    fn started_by(&self, r: usize) -> u64 {
+        self.shared
+            .started
+            .get(r)
+            .map_or(0, |s| s.load(Ordering::Relaxed))
+    }
+
+    /// A timeout naming `missing` and the last round each of them started.
+    fn timed_out(&self, start: Instant, missing: Vec<usize>) -> Error {
+        Error::Timeout {
+            after: start.elapsed(),
+            last_seen: missing.iter().map(|&r| (r, self.started_by(r))).collect(),
+            missing,
+        }
+    }
+
     /// Waits until `check` returns `Some`, re-checking whenever the event it hands back fires.
     async fn wait_for<T>(
         &self,
@@ -204,7 +222,7 @@ impl Broadcaster for LocalBroadcaster {
     }
 
     fn rounds_started(&self) -> Option<u64> {
-        Some(self.next_round.load(Ordering::Relaxed))
+        Some(self.started_by(self.rank))
     }
 
     /// Every rank's entry into the round, on the process's one clock.
@@ -221,7 +239,7 @@ impl Broadcaster for LocalBroadcaster {
         if n == 1 {
             return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
         }
-        let round_no = self.next_round.fetch_add(1, Ordering::Relaxed);
+        let round_no = self.shared.started[self.rank].fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
         let deadline = start + self.shared.timeout;
         let new_round = || Round {
@@ -284,10 +302,7 @@ impl Broadcaster for LocalBroadcaster {
                     ?missing,
                     "local broadcast timed out at the root"
                 );
-                return Err(Error::Timeout {
-                    after: start.elapsed(),
-                    missing,
-                });
+                return Err(self.timed_out(start, missing));
             }
             Ok(shared.to_vec())
         } else {
@@ -323,10 +338,7 @@ impl Broadcaster for LocalBroadcaster {
                         root,
                         "local broadcast timed out waiting for the root"
                     );
-                    Err(Error::Timeout {
-                        after: start.elapsed(),
-                        missing: vec![root],
-                    })
+                    Err(self.timed_out(start, vec![root]))
                 }
             }
         }

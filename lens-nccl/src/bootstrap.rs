@@ -102,10 +102,7 @@ pub(crate) fn with_deadline<T: Send + 'static>(
                 ?timeout,
                 "{what} did not finish in time; its thread is left behind"
             );
-            Err(Error::Timeout {
-                after: start.elapsed(),
-                missing: Vec::new(),
-            })
+            Err(Error::timeout(start.elapsed(), Vec::new()))
         }
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Unavailable {
             backend: BACKEND,

@@ -55,9 +55,19 @@ fn build(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     let kwargs = PyDict::new(py);
     kwargs.set_item("kind", kind)?;
     kwargs.set_item("detail", detail(e))?;
-    if let Error::Timeout { after, missing } = e {
+    if let Error::Timeout {
+        after,
+        missing,
+        last_seen,
+    } = e
+    {
         kwargs.set_item("missing_ranks", missing.clone())?;
         kwargs.set_item("after", after.as_secs_f64())?;
+        let seen = PyDict::new(py);
+        for (rank, round) in last_seen {
+            seen.set_item(rank, round)?;
+        }
+        kwargs.set_item("last_seen", seen)?;
     }
     if let Error::SourceFailed { root } = e {
         kwargs.set_item("source_rank", *root)?;

@@ -60,17 +60,19 @@ def test_a_timeout_leaves_a_hang_report_first():
                 broadcast_trace_context(rank, src_rank=0)
             # Already there when the error reaches the caller.
             reports = [s for s in exporter.get_finished_spans() if s.name == "lens.hang"]
-            return e.value.missing_ranks, reports
+            return e.value.missing_ranks, e.value.last_seen, reports
 
     try:
-        missing, reports = lens_trace.run_local(2, rank_main, timeout=0.3)[0]
+        missing, last_seen, reports = lens_trace.run_local(2, rank_main, timeout=0.3)[0]
     finally:
         lens_trace.set_hang_provider(None)
     assert missing == [1]
+    assert last_seen == {1: 1}, "rank 1 took part in the first round only"
     (hang,) = reports
     assert hang.attributes["lens.hang.rank"] == 0
     assert list(hang.attributes["lens.hang.missing_ranks"]) == [1]
     assert hang.attributes["lens.hang.round"] == 2
+    assert list(hang.attributes["lens.hang.missing_last_seen"]) == [1]
     assert hang.attributes["lens.hang.waited_ns"] >= 200_000_000
     open_names = [e.attributes["lens.hang.span_name"] for e in hang.events if e.name == "lens.hang.open_span"]
     assert "train_step" in open_names and "lens.hang" not in open_names

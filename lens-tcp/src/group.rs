@@ -43,6 +43,9 @@ pub(crate) struct Group {
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
     pub last_answers: Vec<crate::machine::Answer>,
+    /// Rank 0: per rank, the last round it took part in (0: none yet), named in a timeout
+    /// beside the missing ranks. Other ranks keep zeros.
+    pub last_seen: Vec<u64>,
 }
 
 pub(crate) use crate::handshake::wire_u32 as wire;
@@ -123,6 +126,7 @@ impl Group {
             pending: VecDeque::new(),
             arrivals: Vec::new(),
             last_answers: Vec::new(),
+            last_seen: vec![0; n],
         }
     }
 

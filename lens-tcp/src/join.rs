@@ -25,10 +25,7 @@ fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
         tracing::warn!(?missing, "the group did not form; meanwhile {bad_key}");
     }
     if g.join.diag.notes.is_empty() {
-        return Error::Timeout {
-            after: start.elapsed(),
-            missing,
-        };
+        return Error::timeout(start.elapsed(), missing);
     }
     let mut seen = g.join.diag.notes.join("; ");
     if !bad_key.is_empty() {
@@ -113,10 +110,7 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
                         });
                     }
                     Some(Answer::Failed(missing)) => {
-                        return Err(Error::Timeout {
-                            after: start.elapsed(),
-                            missing,
-                        });
+                        return Err(Error::timeout(start.elapsed(), missing));
                     }
                     None => {}
                 }
@@ -190,10 +184,7 @@ fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<
 
 fn member_timeout(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
     if g.join.diag.notes.is_empty() {
-        return Error::Timeout {
-            after: start.elapsed(),
-            missing,
-        };
+        return Error::timeout(start.elapsed(), missing);
     }
     Error::Closed {
         backend: BACKEND,

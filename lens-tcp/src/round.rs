@@ -107,19 +107,52 @@ impl Group {
         self.last_answers = m.answers().to_vec();
         self.arrivals = m.take_arrivals();
         let after = m.elapsed(Instant::now());
-        match m.take_outcome() {
+        let outcome = m.take_outcome();
+        if let Some(o) = &outcome {
+            self.note_seen(round, o);
+        }
+        match outcome {
             Some(Outcome::Delivered(data)) => Ok(data),
-            Some(Outcome::Missing(missing)) => Err(Error::Timeout { after, missing }),
+            Some(Outcome::Missing(missing)) => Err(Error::Timeout {
+                after,
+                last_seen: if self.rank == 0 {
+                    missing.iter().map(|&r| (r, self.seen_in(r))).collect()
+                } else {
+                    Vec::new()
+                },
+                missing,
+            }),
             Some(Outcome::WrongRoot(other)) => Err(Error::Mismatch {
                 reason: format!(
                     "round {round}: this rank expected root {root}, the data came from root {other}"
                 ),
             }),
-            None => Err(Error::Timeout {
-                after,
-                missing: Vec::new(),
-            }),
+            None => Err(Error::timeout(after, Vec::new())),
         }
+    }
+
+    /// Rank 0 records who took part in `round`: it hears from every rank in every round
+    /// (their acks, or the root's data), so its record is complete. Other ranks hear from
+    /// a part of the group in some rounds only and keep none, rather than name a stale round.
+    fn note_seen(&mut self, round: u64, outcome: &Outcome) {
+        if self.rank != 0 {
+            return;
+        }
+        let missing: &[usize] = match outcome {
+            Outcome::Delivered(_) => &[],
+            Outcome::Missing(m) => m,
+            Outcome::WrongRoot(_) => return,
+        };
+        for (r, seen) in self.last_seen.iter_mut().enumerate() {
+            if !missing.contains(&r) {
+                *seen = round;
+            }
+        }
+    }
+
+    /// The last round this rank knows `r` took part in (0: none yet).
+    fn seen_in(&self, r: usize) -> u64 {
+        self.last_seen.get(r).copied().unwrap_or(0)
     }
 
     /// A frame that arrived during a round: the machine's if it is of this round and the

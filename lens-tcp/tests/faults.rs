@@ -102,12 +102,49 @@ fn killed_rank_is_named_and_others_are_unharmed() {
     });
     assert!(started.elapsed() < timeout * 3, "bounded by the timeout");
     match &results[0] {
-        Err(Error::Timeout { missing, .. }) => assert_eq!(missing, &vec![2]),
+        Err(Error::Timeout {
+            missing, last_seen, ..
+        }) => {
+            assert_eq!(missing, &vec![2]);
+            // Rank 0 heard from rank 2 in each of the ten rounds before it died.
+            assert_eq!(last_seen, &vec![(2, 10)]);
+        }
         other => panic!("hub should name rank 2, got {other:?}"),
     }
     for r in &results[1..] {
         assert_eq!(r.as_deref().expect("live ranks get the data"), b"after");
     }
+}
+
+#[test]
+fn rank_that_skips_a_step_is_named_with_its_last_round() {
+    let timeout = Duration::from_millis(600);
+    let ranks = common::group(3, timeout);
+    rounds(&ranks, 4);
+    // Rank 2 skips step 5; rank 0 names it, and the last round rank 2 took part in.
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
+        if b.rank() == 2 {
+            return None;
+        }
+        Some(blocking::broadcast(
+            b,
+            0,
+            (b.rank() == 0).then_some(&b"five"[..]),
+        ))
+    });
+    match &results[0] {
+        Some(Err(
+            e @ Error::Timeout {
+                missing, last_seen, ..
+            },
+        )) => {
+            assert_eq!(missing, &vec![2]);
+            assert_eq!(last_seen, &vec![(2, 4)]);
+            assert!(e.to_string().contains("rank 2 in round 4"), "{e}");
+        }
+        other => panic!("rank 0: expected a timeout naming rank 2, got {other:?}"),
+    }
+    assert_eq!(ranks[0].rounds_started(), Some(5));
 }
 
 #[test]
@@ -230,7 +267,15 @@ fn killed_interior_rank_is_named_with_its_subtree() {
         match (b.rank(), r) {
             // Rank 0 names the dead rank's subtree; the dead rank's children hear from no
             // one (in a tree they keep no connection to rank 0) and name their parent.
-            (0, Err(Error::Timeout { missing, .. })) => assert_eq!(missing, &vec![1, 3, 4]),
+            (
+                0,
+                Err(Error::Timeout {
+                    missing, last_seen, ..
+                }),
+            ) => {
+                assert_eq!(missing, &vec![1, 3, 4]);
+                assert_eq!(last_seen, &vec![(1, 14), (3, 14), (4, 14)]);
+            }
             (3 | 4, Err(Error::Timeout { missing, .. })) => {
                 assert_eq!(missing, &vec![1], "rank {}", b.rank())
             }

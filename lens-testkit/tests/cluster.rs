@@ -115,7 +115,7 @@ async fn absent_root_times_out_everyone_naming_it() {
     assert_eq!(errors.len(), 3);
     for (_, e) in errors {
         match e {
-            Error::Timeout { missing, after } => {
+            Error::Timeout { missing, after, .. } => {
                 assert_eq!(missing, &vec![0]);
                 assert!(*after >= timeout && *after < timeout * 4, "{after:?}");
             }

@@ -6,7 +6,7 @@ Each keeps the Rust error's full text in ``detail`` and a short ``kind``; a
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 __all__ = [
     "LensError",
@@ -41,17 +41,29 @@ class BroadcastTimeout(LensError, TimeoutError):
 
     ``missing_ranks`` lists them where the transport can tell (TCP and the in-process
     cluster can; a collective such as torch's cannot, and leaves it empty); ``after`` is
-    how many seconds this rank waited.
+    how many seconds this rank waited. ``last_seen`` maps a missing rank to the last round
+    this rank knows it took part in (0: none yet), where the transport knows (TCP's rank 0,
+    the in-process cluster): a rank stuck since an earlier step shows an older round.
     """
 
     missing_ranks: List[int]
     after: Optional[float]
+    last_seen: Dict[int, int]
 
-    def __init__(self, message: str, *, missing_ranks: Optional[List[int]] = None, after: Optional[float] = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing_ranks: Optional[List[int]] = None,
+        after: Optional[float] = None,
+        last_seen: Optional[Dict[int, int]] = None,
+        **kw: Any,
+    ) -> None:
         kw.setdefault("kind", "timeout")
         super().__init__(message, **kw)
         self.missing_ranks = list(missing_ranks or [])
         self.after = after
+        self.last_seen = dict(last_seen or {})
 
 
 class DecodeError(LensError, ValueError):

@@ -34,6 +34,8 @@ MAX_LATE_EVENTS = 16
 HANG_SPAN = "lens.hang"
 HANG_ROUND = "lens.hang.round"
 HANG_MISSING = "lens.hang.missing_ranks"
+#: For each missing rank, the last round this rank knows it took part in (-1: unknown).
+HANG_MISSING_LAST_SEEN = "lens.hang.missing_last_seen"
 HANG_RANK = "lens.hang.rank"
 HANG_WAITED_NS = "lens.hang.waited_ns"
 HANG_OPEN_EVENT = "lens.hang.open_span"
@@ -111,13 +113,17 @@ def record_arrivals(group: Any, context: Optional[Context]) -> None:
         span.add_event(LATE_EVENT, {LATE_RANK: int(r), LATE_NS: int(ns)})
 
 
-def report_hang(group: Any, missing: List[int], after: Optional[float]) -> None:
+def report_hang(
+    group: Any, missing: List[int], after: Optional[float], last_seen: Optional[Dict[int, int]] = None
+) -> None:
     """A broadcast timed out on this rank: the ``lens.hang`` span, flushed."""
     open_now = open_spans()
     attributes: Dict[str, Any] = {
         HANG_RANK: int(group.rank),
         HANG_MISSING: [int(r) for r in missing],
     }
+    if last_seen:
+        attributes[HANG_MISSING_LAST_SEEN] = [int(last_seen.get(r, -1)) for r in missing]
     if after is not None:
         attributes[HANG_WAITED_NS] = int(after * 1e9)
     rounds = getattr(group, "rounds_started", None)

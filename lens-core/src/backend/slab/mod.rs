@@ -90,10 +90,7 @@ impl Round {
     /// The error of a round that missed its deadline. A collective cannot tell which ranks
     /// are missing, so none are named.
     pub fn timed_out(&self) -> Error {
-        Error::Timeout {
-            after: self.started().elapsed(),
-            missing: Vec::new(),
-        }
+        Error::timeout(self.started().elapsed(), Vec::new())
     }
 }
 
