@@ -25,6 +25,7 @@ const MAGIC: [u8; 4] = *b"LNSN";
 pub(crate) struct Gpu {
     dev: Box<dyn Device>,
     rank: usize,
+    world_size: usize,
 }
 
 impl Gpu {
@@ -82,6 +83,26 @@ impl SlabTransport for Gpu {
     fn stop(&mut self) {
         // No kernel of this rank may wait on its peers any more.
         self.dev.abort();
+    }
+
+    /// One `ncclAllGather` of 8 bytes per rank, waited for under the round's deadline.
+    fn gather_i64(&mut self, round: &Round, value: i64) -> Result<Option<Vec<i64>>> {
+        self.dev.all_gather(&value.to_le_bytes(), self.world_size)?;
+        self.wait(round)?;
+        let mut all = vec![0u8; 8 * self.world_size];
+        self.dev.download(Buf::Gather, &mut all)?;
+        if self.rank != round.root {
+            return Ok(Some(Vec::new()));
+        }
+        let values = all
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                i64::from_le_bytes(b)
+            })
+            .collect();
+        Ok(Some(values))
     }
 }
 
@@ -203,7 +224,11 @@ impl NcclBroadcaster {
         world_size: usize,
         opts: &NcclOptions,
     ) -> Result<Self> {
-        let gpu = Gpu { dev, rank };
+        let gpu = Gpu {
+            dev,
+            rank,
+            world_size,
+        };
         Ok(NcclBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, gpu, (rank, world_size), &opts.slab)?,
         })
@@ -238,6 +263,14 @@ impl NcclBroadcaster {
             gpu.broadcast_into(round, Buf::Spill, &mut out)?;
             Ok(out)
         })
+    }
+
+    /// This rank's measured clock offset (`lens_core::measure_clock_offsets`, or a
+    /// `ClockTracker`), taken off the arrival times it gathers
+    /// ([`NcclOptions::arrivals_every`](crate::NcclOptions::arrivals_every)) so that ranks
+    /// on hosts whose clocks differ are compared on the reference's clock.
+    pub fn set_clock_offset(&self, offset: lens_core::ClockOffset) {
+        self.group.set_clock_offset(offset.offset_ns);
     }
 
     /// Payload bytes that travel in the first broadcast.

@@ -7,7 +7,9 @@
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut, sys::CUevent_flags};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys::CUevent_flags,
+};
 use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
 use cudarc::nccl::{Comm, result as nccl};
 use lens_core::{Error, Result};
@@ -23,6 +25,8 @@ pub(crate) enum Buf {
     /// A buffer kept between rounds for payloads over the slab (and the raw bench); it grows
     /// to the largest size asked for.
     Spill,
+    /// Where [`Device::all_gather`] leaves every rank's value, in rank order.
+    Gather,
 }
 
 /// One rank's GPU and communicator. Calls queue work on one stream, in order.
@@ -33,6 +37,9 @@ pub(crate) trait Device: Send {
     fn upload(&mut self, buf: Buf, bytes: &[u8]) -> Result<()>;
     /// Queues a broadcast of the first `len` bytes of `buf` from `root`, in place.
     fn broadcast(&mut self, buf: Buf, len: usize, root: usize) -> Result<()>;
+    /// Queues an all-gather of `value` (the same length on every rank of the `ranks`):
+    /// once done, [`Buf::Gather`] holds every rank's value in rank order.
+    fn all_gather(&mut self, value: &[u8], ranks: usize) -> Result<()>;
     /// Whether everything queued so far has finished (never blocks).
     fn finished(&mut self) -> Result<bool>;
     /// Copies the start of `buf` into `out` once the queued work is done (blocks for it).
@@ -70,6 +77,8 @@ pub(crate) struct Cuda {
     // a communicator lens may not abort.
     slab: ManuallyDrop<CudaSlice<u8>>,
     spill: ManuallyDrop<Option<CudaSlice<u8>>>,
+    /// The all-gather's send and receive buffers, made at its first use.
+    gather: ManuallyDrop<Option<(CudaSlice<u8>, CudaSlice<u8>)>>,
     leak_buffers: bool,
 }
 
@@ -94,6 +103,7 @@ impl Cuda {
             event,
             slab: ManuallyDrop::new(slab),
             spill: ManuallyDrop::new(None),
+            gather: ManuallyDrop::new(None),
             leak_buffers: false,
         })
     }
@@ -103,22 +113,36 @@ impl Cuda {
 fn pick<'a>(
     slab: &'a mut CudaSlice<u8>,
     spill: &'a mut Option<CudaSlice<u8>>,
+    gather: &'a mut Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     buf: Buf,
 ) -> Result<&'a mut CudaSlice<u8>> {
+    let unready = |what: &str| Error::Transport {
+        backend: BACKEND,
+        message: format!("the {what} buffer was used before it was made"),
+        source: None,
+    };
     match buf {
         Buf::Slab => Ok(slab),
-        Buf::Spill => spill.as_mut().ok_or_else(|| Error::Transport {
-            backend: BACKEND,
-            message: "the spill buffer was used before it was reserved".into(),
-            source: None,
-        }),
+        Buf::Spill => spill.as_mut().ok_or_else(|| unready("spill")),
+        Buf::Gather => gather
+            .as_mut()
+            .map(|(_, recv)| recv)
+            .ok_or_else(|| unready("gather")),
     }
+}
+
+/// The communicator, or the error of a round after an abort.
+fn live(comm: Option<&Handle>) -> Result<&Handle> {
+    comm.ok_or_else(|| Error::Closed {
+        backend: BACKEND,
+        reason: "the communicator was aborted".into(),
+    })
 }
 
 impl Device for Cuda {
     fn reserve(&mut self, buf: Buf, len: usize) -> Result<()> {
-        if buf == Buf::Slab {
-            return Ok(());
+        if buf != Buf::Spill {
+            return Ok(()); // the slab is made with the device, the gather's at its first use
         }
         if self.spill.as_ref().is_some_and(|s| s.len() >= len) {
             return Ok(());
@@ -131,7 +155,8 @@ impl Device for Cuda {
     }
 
     fn upload(&mut self, buf: Buf, bytes: &[u8]) -> Result<()> {
-        let (stream, dst) = (&self.stream, pick(&mut self.slab, &mut self.spill, buf)?);
+        let dst = pick(&mut self.slab, &mut self.spill, &mut self.gather, buf)?;
+        let stream = &self.stream;
         guarded("cuMemcpyHtoD", || {
             stream.memcpy_htod(bytes, &mut dst.slice_mut(..bytes.len()))
         })?
@@ -142,11 +167,8 @@ impl Device for Cuda {
         let root =
             i32::try_from(root).map_err(|_| Error::config("root does not fit NCCL's int"))?;
         let stream = &self.stream;
-        let dst = pick(&mut self.slab, &mut self.spill, buf)?;
-        let comm = self.comm.as_ref().ok_or_else(|| Error::Closed {
-            backend: BACKEND,
-            reason: "the communicator was aborted".into(),
-        })?;
+        let dst = pick(&mut self.slab, &mut self.spill, &mut self.gather, buf)?;
+        let comm = live(self.comm.as_ref())?;
         // NCCL launches on the thread's current device: a non-root rank may reach this call
         // without any other CUDA call on this thread.
         let ctx = stream.context();
@@ -180,13 +202,60 @@ impl Device for Cuda {
             .map_err(|e| cuda_err("recording an event", e))
     }
 
+    fn all_gather(&mut self, value: &[u8], ranks: usize) -> Result<()> {
+        let stream = &self.stream;
+        let want = value.len() * ranks;
+        if self.gather.as_ref().is_none_or(|(_, r)| r.len() != want) {
+            let alloc = |n: usize| {
+                guarded("cuMemAlloc", || stream.alloc_zeros::<u8>(n.max(1)))?
+                    .map_err(|e| cuda_err("allocating the gather buffers", e))
+            };
+            *self.gather = Some((alloc(value.len())?, alloc(want)?));
+        }
+        let comm = live(self.comm.as_ref())?;
+        let Some((send, recv)) = self.gather.as_mut() else {
+            return Ok(()); // made just above
+        };
+        guarded("cuMemcpyHtoD", || stream.memcpy_htod(value, send))?
+            .map_err(|e| cuda_err("copying to the device", e))?;
+        let ctx = stream.context();
+        guarded("cuCtxSetCurrent", || ctx.bind_to_thread())?
+            .map_err(|e| cuda_err("binding the CUDA context", e))?;
+        guarded("ncclAllGather", || match comm {
+            Handle::Owned(c) => c.all_gather(send, recv),
+            Handle::Shared(c) => c.all_gather(send, recv),
+            Handle::Raw(raw) => {
+                let (from, _r1) = send.device_ptr(stream);
+                let (to, _r2) = recv.device_ptr_mut(stream);
+                // SAFETY: `raw` is a valid communicator on `stream`'s device (the caller of
+                // `NcclBroadcaster::from_raw` promised it); `from` holds `value.len()` bytes
+                // and `to` that many per rank, device memory that outlives the round.
+                unsafe {
+                    nccl::all_gather(
+                        from as *const std::ffi::c_void,
+                        to as *mut std::ffi::c_void,
+                        value.len(),
+                        ncclDataType_t::ncclUint8,
+                        *raw,
+                        stream.cu_stream() as _,
+                    )
+                }
+            }
+        })?
+        .map_err(|e| nccl_err("ncclAllGather", e))?;
+        let event = &self.event;
+        guarded("cuEventRecord", || event.record(stream))?
+            .map_err(|e| cuda_err("recording an event", e))
+    }
+
     fn finished(&mut self) -> Result<bool> {
         guarded("cuEventQuery", || self.event.try_is_complete())?
             .map_err(|e| cuda_err("waiting for the broadcast", e))
     }
 
     fn download(&mut self, buf: Buf, out: &mut [u8]) -> Result<()> {
-        let (stream, src) = (&self.stream, pick(&mut self.slab, &mut self.spill, buf)?);
+        let src = pick(&mut self.slab, &mut self.spill, &mut self.gather, buf)?;
+        let stream = &self.stream;
         guarded("cuMemcpyDtoH", || {
             stream.memcpy_dtoh(&src.slice(..out.len()), out)
         })?
@@ -230,6 +299,7 @@ impl Drop for Cuda {
             unsafe {
                 ManuallyDrop::drop(&mut self.slab);
                 ManuallyDrop::drop(&mut self.spill);
+                ManuallyDrop::drop(&mut self.gather);
             }
         }
     }

@@ -16,6 +16,9 @@ pub mod env {
     pub const MAX_PAYLOAD: &str = "LENS_NCCL_MAX_PAYLOAD";
     /// Deadline of the NCCL init in `NcclBroadcaster::bootstrap`, in seconds.
     pub const INIT_TIMEOUT: &str = "LENS_NCCL_INIT_TIMEOUT";
+    /// Gather every rank's arrival time at the root every this many rounds (`0`: never);
+    /// see [`crate::NcclOptions::arrivals_every`]. The same on every rank.
+    pub const ARRIVALS_EVERY: &str = "LENS_NCCL_ARRIVALS_EVERY";
 }
 
 /// Default deadline of the NCCL init in [`crate::NcclBroadcaster::bootstrap`].
@@ -44,8 +47,9 @@ pub struct NcclOptions {
     env_errors: EnvErrors,
 }
 
-/// The setting its variable's error is kept under.
+/// The settings their variables' errors are kept under.
 const INIT_TIMEOUT: &str = "init_timeout";
+const ARRIVALS_EVERY: &str = "arrivals_every";
 
 impl Default for NcclOptions {
     fn default() -> Self {
@@ -80,6 +84,18 @@ impl NcclOptions {
                 Err(e) => opts.env_errors.note_error(INIT_TIMEOUT, e),
             }
         }
+        if let Some(text) = get(env::ARRIVALS_EVERY) {
+            match text.trim().parse() {
+                Ok(n) => opts.slab = opts.slab.arrivals_every(n),
+                Err(_) => opts.env_errors.note(
+                    ARRIVALS_EVERY,
+                    format!(
+                        "{} must be a number of rounds, not {text:?}",
+                        env::ARRIVALS_EVERY
+                    ),
+                ),
+            }
+        }
         opts
     }
 
@@ -102,6 +118,18 @@ impl NcclOptions {
     #[must_use]
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.slab = self.slab.max_payload(bytes);
+        self
+    }
+
+    /// Every `rounds` rounds (`0`, the default: never), gathers each rank's arrival time
+    /// (wall clock, less [`crate::NcclBroadcaster::set_clock_offset`]) at the root with one
+    /// `ncclAllGather` of 8 bytes per rank, after the broadcast and under the round's
+    /// deadline, so that `take_arrivals` names the straggler. Such a round waits for every
+    /// rank on every rank (a broadcast's root does not). Variable [`env::ARRIVALS_EVERY`].
+    #[must_use]
+    pub fn arrivals_every(mut self, rounds: u64) -> Self {
+        self.slab = self.slab.arrivals_every(rounds);
+        self.env_errors.clear(ARRIVALS_EVERY);
         self
     }
 
@@ -132,6 +160,7 @@ mod tests {
             (env::TIMEOUT, "2"),
             (env::MAX_PAYLOAD, "4096"),
             (env::INIT_TIMEOUT, "7"),
+            (env::ARRIVALS_EVERY, "10"),
         ];
         let get = |k: &str| {
             vars.iter()
@@ -148,10 +177,15 @@ mod tests {
             ),
             (1024, Duration::from_secs(2), 4096, Duration::from_secs(7))
         );
+        assert_eq!(opts.slab.arrivals_every, 10);
         assert!(opts.check().is_ok());
         let bad = NcclOptions::from_vars(|k| (k == env::INIT_TIMEOUT).then(|| "soon".to_string()));
         let e = bad.check().unwrap_err();
         assert!(e.to_string().contains(env::INIT_TIMEOUT), "{e}");
         assert!(bad.init_timeout(Duration::from_secs(1)).check().is_ok());
+        let bad = NcclOptions::from_vars(|k| (k == env::ARRIVALS_EVERY).then(|| "often".into()));
+        let e = bad.check().unwrap_err();
+        assert!(e.to_string().contains(env::ARRIVALS_EVERY), "{e}");
+        assert!(bad.arrivals_every(2).check().is_ok());
     }
 }

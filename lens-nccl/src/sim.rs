@@ -63,6 +63,7 @@ pub(crate) struct SimGpu {
     rank: usize,
     slab: Vec<u8>,
     spill: Vec<u8>,
+    gather: Vec<u8>,
     /// Collectives queued and not yet seen complete: (sequence, buffer, length).
     queued: VecDeque<(u64, Buf, usize)>,
     calls: u64,
@@ -84,6 +85,7 @@ impl SimGpu {
             rank,
             slab: vec![0; slab_size],
             spill: Vec::new(),
+            gather: Vec::new(),
             queued: VecDeque::new(),
             calls: 0,
             uploads: 0,
@@ -101,6 +103,7 @@ impl SimGpu {
         let b = match buf {
             Buf::Slab => &mut self.slab,
             Buf::Spill => &mut self.spill,
+            Buf::Gather => &mut self.gather,
         };
         let have = b.len();
         b.get_mut(..len)
@@ -152,6 +155,25 @@ impl Device for SimGpu {
             c.data = Some(data);
         }
         self.queued.push_back((self.calls, buf, len));
+        Ok(())
+    }
+
+    fn all_gather(&mut self, value: &[u8], ranks: usize) -> Result<()> {
+        self.check_open()?;
+        let (each, total) = (value.len(), value.len() * ranks);
+        if self.gather.len() != total {
+            self.gather = vec![0; total];
+        }
+        self.calls += 1;
+        let mut all = self.world.lock();
+        let c = all.entry(self.calls).or_default();
+        c.posted += 1;
+        let parts = c.data.get_or_insert_with(|| vec![0; total]);
+        let mine = parts
+            .get_mut(self.rank * each..(self.rank + 1) * each)
+            .ok_or_else(|| fail(format!("rank {} outside a gather of {ranks}", self.rank)))?;
+        mine.copy_from_slice(value);
+        self.queued.push_back((self.calls, Buf::Gather, total));
         Ok(())
     }
 

@@ -244,3 +244,50 @@ fn bad_arguments_are_errors_before_any_work() {
         b"four"
     );
 }
+
+#[test]
+fn gathered_arrivals_name_the_straggler_on_any_root() {
+    let world = SimWorld::new(3);
+    let ranks: Vec<NcclBroadcaster> = (0..3)
+        .map(|rank| {
+            let (gpu, _) = SimGpu::new(&world, rank, DEFAULT_SLAB_SIZE, SimFault::None);
+            let opts = NcclOptions::default()
+                .timeout(Duration::from_secs(20))
+                .arrivals_every(2);
+            NcclBroadcaster::from_device(Box::new(gpu), rank, 3, &opts).expect("a simulated rank")
+        })
+        .collect();
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(50)) {
+        panic!("conformance with arrivals gathered: {f:#?}");
+    }
+    // (why, root, late rank)
+    let rows = [("rank 0 the root", 0, 2), ("rank 1 the root", 1, 0)];
+    for (why, root, late) in rows {
+        for b in &ranks {
+            let _ = b.take_arrivals(); // what earlier rounds left
+        }
+        // Two rounds, so one of them gathers whatever the count so far.
+        for _ in 0..2 {
+            let got = on_each(&ranks, |b| {
+                if b.rank() == late {
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+                blocking::broadcast(b, root, (b.rank() == root).then_some(&b"step"[..]))
+            });
+            for g in got {
+                assert_eq!(g.expect(why), b"step", "{why}");
+            }
+        }
+        let a = ranks[root].take_arrivals().expect(why);
+        assert_eq!(a.last_rank, late, "{why}: {a:?}");
+        assert!(a.spread_ns >= 30_000_000, "{why}: {a:?}");
+        for (rank, b) in ranks.iter().enumerate() {
+            if rank != root {
+                assert!(
+                    b.take_arrivals().is_none(),
+                    "{why}: only the root holds them"
+                );
+            }
+        }
+    }
+}

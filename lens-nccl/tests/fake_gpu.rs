@@ -40,8 +40,8 @@ fn fake_gpu_driver() {
     assert!(done.success(), "child failed:\n{stdout}\n{stderr}");
     // Every child test ran (none filtered away by a rename).
     assert!(
-        stdout.contains("test result: ok. 8 passed"),
-        "expected the 8 in_fake_ tests to pass:\n{stdout}"
+        stdout.contains("test result: ok. 9 passed"),
+        "expected the 9 in_fake_ tests to pass:\n{stdout}"
     );
 }
 
@@ -86,6 +86,32 @@ fn in_fake_two_gpus_pass_conformance() {
         for g in got {
             assert_eq!(g.expect("raw"), want);
         }
+    }
+}
+
+#[test]
+#[ignore = "runs inside fake_gpu_driver's child process, with the fake on its loader path"]
+fn in_fake_gathered_arrivals_name_the_straggler() {
+    in_child();
+    let ranks = group(2, &NcclOptions::default().arrivals_every(1));
+    if let Err(f) = run_threads(&ranks, &Options::default().rounds(100)) {
+        panic!("conformance with arrivals gathered: {f:#?}");
+    }
+    for root in [0, 1] {
+        let late = 1 - root;
+        let got = on_each(&ranks, |b| {
+            if b.rank() == late {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            blocking::broadcast(b, root, (b.rank() == root).then_some(&b"step"[..]))
+        });
+        for g in got {
+            assert_eq!(g.expect("round"), b"step");
+        }
+        // One ncclAllGather per round carried both entry times to the root.
+        let a = ranks[root].take_arrivals().expect("the root's arrivals");
+        assert_eq!(a.last_rank, late, "root {root}: {a:?}");
+        assert!(a.spread_ns >= 30_000_000, "root {root}: {a:?}");
     }
 }
 

@@ -39,6 +39,7 @@
 struct op {
     uint64_t seq;
     int posted;
+    int gather; /* an all-gather: every rank receives everything */
     int root;
     size_t bytes;
     unsigned char data[SLOT];
@@ -123,7 +124,7 @@ static uint64_t stream_run(struct stream *s) {
             int complete = g->completed >= p->seq;
             if (complete && p->recv) {
                 struct op *o = &g->ops[p->seq % RING];
-                if (o->seq == p->seq && c->rank != o->root) {
+                if (o->seq == p->seq && (o->gather || c->rank != o->root)) {
                     size_t n = p->bytes < o->bytes ? p->bytes : o->bytes;
                     memcpy(p->recv, o->data, n);
                 }
@@ -432,6 +433,7 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root
     if (o->seq != seq) {
         o->seq = seq;
         o->posted = 0;
+        o->gather = 0;
         o->root = -1;
         o->bytes = 0;
     }
@@ -448,6 +450,39 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root
     q->seq = seq;
     q->recv = recv;
     q->bytes = bytes;
+    s->count++;
+    s->queued++;
+    return 0;
+}
+
+/* Each rank's `count` elements land at its place in every rank's `recv`, in rank order. */
+int ncclAllGather(const void *send, void *recv, size_t count, int type, void *comm, void *stream) {
+    struct comm *c = comm;
+    struct stream *s = stream;
+    size_t each = count * type_size(type);
+    if (c == NULL || s == NULL || type_size(type) == 0 || each * (size_t)c->g->n > SLOT) return NCCL_INVALID_ARGUMENT;
+    if (current_ctx == NULL || *(int *)current_ctx != s->device) return NCCL_INVALID_USAGE;
+    if (c->aborted) return NCCL_INVALID_USAGE;
+    if (s->count == QUEUE) return NCCL_SYSTEM_ERROR;
+    struct group *g = c->g;
+    pthread_mutex_lock(&g->mu);
+    uint64_t seq = ++c->seq;
+    struct op *o = &g->ops[seq % RING];
+    if (o->seq != seq) {
+        o->seq = seq;
+        o->posted = 0;
+        o->gather = 1;
+        o->root = -1;
+        o->bytes = each * (size_t)g->n;
+    }
+    memcpy(o->data + each * (size_t)c->rank, send, each);
+    if (++o->posted == g->n) g->completed = seq;
+    pthread_mutex_unlock(&g->mu);
+    struct pending *q = &s->q[(s->head + s->count) % QUEUE];
+    q->c = c;
+    q->seq = seq;
+    q->recv = recv;
+    q->bytes = each * (size_t)g->n;
     s->count++;
     s->queued++;
     return 0;

@@ -297,6 +297,34 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
         run.stdout
     );
 
+    // `--inject delay:1:40`: every step, gathered by one ncclAllGather per round, names
+    // rank 1 as the rank that came last.
+    let run = common::lens_with_env(
+        &[
+            "demo",
+            "--backend",
+            "nccl",
+            "--ranks",
+            "2",
+            "--steps",
+            "2",
+            "--inject",
+            "delay:1:40",
+        ],
+        &env,
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.contains("arrivals:"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one per step: {}", run.stdout);
+    for l in lines {
+        assert!(l.contains("rank 1 came last"), "{l}");
+    }
+
     let run = common::lens_with_env(
         &["demo", "--backend", "nccl", "--ranks", "3"],
         &env,

@@ -22,13 +22,28 @@ impl Backend for Nccl {
     #[cfg(feature = "tcp")]
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
         use super::super::rank::run_one_rank;
-        use super::tcp;
+        use super::super::record::{CLOCK_LINE, clock_json};
+        use super::{Injected, demo_clock, tcp};
+        use lens::testkit::{Corruption, Fault, Faulty};
 
-        if !args.inject.is_empty() {
-            return Err(
-                "--inject works with the local backend; with nccl, stop a rank's process instead"
-                    .into(),
-            );
+        let n = args.world.map_or(args.ranks as usize, |w| w as usize);
+        let mut faults = Vec::new();
+        for spec in &args.inject {
+            match Injected::parse(spec, n)? {
+                Injected::Absent(_) => {
+                    return Err(
+                        "--inject absent: a rank that misses an NCCL collective leaves the communicator stuck (NCCL cannot tell which rank is missing); stop a rank's process instead"
+                            .into(),
+                    );
+                }
+                Injected::Delay(r, d) if Some(r) == args.rank.map(|x| x as usize) => {
+                    faults.push(Fault::Delay(d));
+                }
+                Injected::Corrupt(r) if Some(r) == args.rank.map(|x| x as usize) => {
+                    faults.push(Fault::Corrupt(Corruption::Truncate));
+                }
+                _ => {}
+            }
         }
         let Some(rank) = args.rank else {
             let found = lens::nccl::probe().map_err(|e| e.to_string())?;
@@ -49,10 +64,19 @@ impl Backend for Nccl {
                 .and_then(|i| i.local_rank)
                 .unwrap_or(0),
         };
-        let opts = NcclOptions::default().timeout(timeout);
+        // Every round gathers the ranks' arrival times (one ncclAllGather of 8 bytes each),
+        // so each step names its straggler; offsets measured first, on the GPUs' group.
+        let opts = NcclOptions::default().timeout(timeout).arrivals_every(1);
         let gpu =
             futures::executor::block_on(NcclBroadcaster::bootstrap_with(&group, device, &opts))
                 .map_err(|e| format!("rank {rank} (GPU {device}): {e}"))?;
+        if let Some(clock) = demo_clock(&gpu)? {
+            gpu.set_clock_offset(clock);
+            if args.emit_spans {
+                println!("{CLOCK_LINE}{}", clock_json(&clock));
+            }
+        }
+        let gpu = Faulty::new(gpu, faults);
         let otlp = super::super::export::OtlpChoice::from_args(args)?;
         let run = run_one_rank(&gpu, args.steps as usize, args.parent, otlp.as_ref())?;
         Ok(DemoRun::Rank { rank, run })
