@@ -9,11 +9,20 @@
 //! the other rank's slab (a longer one is a truncation MPI reports itself, which by default
 //! ends the job).
 //!
-//! **Transfer.** In a group of at most [`DEFAULT_DIRECT_MAX`] ranks
-//! ([`MpiBroadcasterBuilder::direct_up_to`]) the root sends the slab to every other rank
-//! itself; in a larger one each root's slab broadcast is prepared once and restarted every
-//! round (`MPI_Bcast_init` / `MPIX_Bcast_init`), or is an `MPI_Ibcast` where the library
-//! has no persistent broadcast. Why: the `request` module.
+//! **Transfer.** A round moves the slab one of three ways: the root sends it to every
+//! other rank itself, or each root's slab broadcast is prepared once and restarted every
+//! round (`MPI_Bcast_init` / `MPIX_Bcast_init`, where the library has one), or it is a fresh
+//! `MPI_Ibcast`. Which is fastest depends on the library, the network and how many ranks
+//! share a core, so by default [`MpiBroadcasterBuilder::build`] measures each (a few dozen
+//! rounds after a barrier each, the slowest rank's median kept, the same choice on every
+//! rank) and keeps the fastest: [`MpiBroadcaster::transfer`] says which,
+//! [`MpiBroadcaster::transfer_measured`] what each cost. On one host whose cores the
+//! ranks outnumber (2 cores, 2 to 16 ranks) direct sends win at every size; on hosts with a
+//! core per rank and a real network, a collective's tree (depth growing with the
+//! logarithm of the group) overtakes the root's sends (one per rank) past some size, and
+//! the measurement finds where. [`MpiBroadcasterBuilder::transfer`] fixes the way instead
+//! (or the older size rule, [`Transfer::BySize`]). Why persistent requests: the `request`
+//! module.
 //!
 //! **Deadline.** Every transfer is started non-blocking and polled; a rank that never
 //! arrives turns into [`Error::Timeout`] instead of a hang. MPI cannot cancel a collective,
@@ -50,7 +59,9 @@
 )]
 // `unsafe` is allowed only in `request` and `transport`, which make raw MPI calls.
 
+mod choose;
 mod request;
+pub use choose::Transfer;
 pub use request::MpiError;
 mod transport;
 
@@ -67,8 +78,8 @@ use mpi::traits::Communicator;
 use request::Ranks;
 use transport::{Mode, Mpi};
 
-const BACKEND: &str = "mpi";
-const MAGIC: [u8; 4] = *b"LNSM";
+pub(crate) const BACKEND: &str = "mpi";
+pub(crate) const MAGIC: [u8; 4] = *b"LNSM";
 /// Bytes of the slab header: marker, slab size, payload length, format version.
 pub const SLAB_HEADER: usize = slab::HEADER_LEN;
 /// Default slab size in bytes (see [`slab::DEFAULT_SLAB_SIZE`] for why 256).
@@ -91,17 +102,21 @@ pub mod env {
     /// collective (default [`crate::DEFAULT_DIRECT_MAX`]; `0` or `1`: never). The same on
     /// every rank: ranks that move a round differently never meet, and time out.
     pub const DIRECT_MAX: &str = "LENS_MPI_DIRECT_MAX";
+    /// How rounds move the slab: `measured` (the default: each way is measured when the
+    /// broadcaster is built and the fastest kept), `by-size` (the size rule of
+    /// [`DIRECT_MAX`] and [`PERSISTENT`], also chosen when either of those is set
+    /// and this is not), `direct`, `persistent` or `ibcast`. The same on every rank; see
+    /// [`crate::Transfer`].
+    pub const TRANSFER: &str = "LENS_MPI_TRANSFER";
     /// Every this many rounds the ranks' arrival times are gathered at the root (default
     /// `0`: never); see [`crate::MpiBroadcasterBuilder::arrivals_every`]. The same on every
     /// rank.
     pub const ARRIVALS_EVERY: &str = "LENS_MPI_ARRIVALS_EVERY";
 }
 
-/// Largest group in which a round is direct sends from the root to every other rank rather
-/// than a collective. Measured on 2 cores (see `docs/SCALING.md`): direct sends beat Open
-/// MPI's collectives at 2 and 4 ranks; the root's sends grow with the group while a
-/// collective's tree grows with its logarithm, so past a handful of ranks the collective
-/// is the better bet.
+/// The size rule's limit ([`Transfer::BySize`]): largest group in which a round is direct
+/// sends from the root to every other rank rather than a collective. The default way,
+/// [`Transfer::Measured`], does not use it: it measures.
 pub const DEFAULT_DIRECT_MAX: usize = 8;
 
 const VARS: SlabVars = SlabVars {
@@ -115,6 +130,8 @@ pub struct MpiBroadcaster {
     group: SlabGroup<Mpi>,
     only_thread: Option<ThreadId>,
     mode: Mode,
+    /// What each way cost when the broadcaster was built, where it was measured.
+    measured: Vec<(Transfer, Duration)>,
     /// This rank's index among the ranks that share its memory (its host), from the library.
     local_rank: Option<usize>,
 }
@@ -135,6 +152,7 @@ pub struct MpiBroadcasterBuilder {
     opts: SlabOptions,
     persistent: bool,
     direct_max: usize,
+    transfer: Transfer,
     /// Variables that did not parse (lens-core's one rule: code clears them).
     env_errors: EnvErrors,
 }
@@ -145,6 +163,7 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
             .field("opts", &self.opts)
             .field("persistent", &self.persistent)
             .field("direct_max", &self.direct_max)
+            .field("transfer", &self.transfer)
             .field("env_errors", &self.env_errors)
             .finish_non_exhaustive()
     }
@@ -153,6 +172,7 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
 /// The settings' names under which their variables' errors are kept.
 const PERSISTENT: &str = "persistent";
 const DIRECT_MAX: &str = "direct_max";
+const TRANSFER: &str = "transfer";
 const ARRIVALS_EVERY: &str = "arrivals_every";
 
 /// The value of [`env::PERSISTENT`]: on unless it says off.
@@ -197,6 +217,16 @@ impl MpiBroadcasterBuilder {
             Ok(n) => b.direct_max = n,
             Err(e) => b.env_errors.note(DIRECT_MAX, e),
         }
+        // Either setting of the size rule asks for it, unless the way is named outright.
+        if var(env::PERSISTENT).is_some() || var(env::DIRECT_MAX).is_some() {
+            b.transfer = Transfer::BySize;
+        }
+        if let Some(v) = var(env::TRANSFER) {
+            match Transfer::parse(&v) {
+                Ok(t) => b.transfer = t,
+                Err(e) => b.env_errors.note(TRANSFER, e),
+            }
+        }
         if let Some(v) = var(env::ARRIVALS_EVERY) {
             match v.trim().parse() {
                 Ok(n) => b.opts = b.opts.arrivals_every(n),
@@ -212,22 +242,35 @@ impl MpiBroadcasterBuilder {
         b
     }
 
-    /// Largest group in which each round is direct sends from the root to every other rank
+    /// How rounds move the slab (default [`Transfer::Measured`]: measured when the
+    /// broadcaster is built; variable [`env::TRANSFER`]). Every rank of the communicator must
+    /// use the same value.
+    pub fn transfer(mut self, transfer: Transfer) -> Self {
+        self.transfer = transfer;
+        self.env_errors.clear(TRANSFER);
+        self
+    }
+
+    /// Selects the size rule ([`Transfer::BySize`]) with this limit: in a group of at most
+    /// `ranks` ranks each round is direct sends from the root to every other rank
     /// (`MPI_Isend` / `MPI_Irecv`) instead of a collective (default
     /// [`DEFAULT_DIRECT_MAX`]; `0` or `1` never; variable [`env::DIRECT_MAX`]). Every rank
     /// of the communicator must use the same value.
     pub fn direct_up_to(mut self, ranks: usize) -> Self {
         self.direct_max = ranks;
+        self.transfer = Transfer::BySize;
         self.env_errors.clear(DIRECT_MAX);
         self
     }
 
-    /// In groups larger than [`MpiBroadcasterBuilder::direct_up_to`]: whether each root's
-    /// slab broadcast is prepared once and restarted every round (`MPI_Bcast_init`, or Open
-    /// MPI's `MPIX_Bcast_init`; default, and used only where the library has one) or started
+    /// Selects the size rule ([`Transfer::BySize`]) and, in groups larger than
+    /// [`MpiBroadcasterBuilder::direct_up_to`], whether each root's slab broadcast is
+    /// prepared once and restarted every round (`MPI_Bcast_init`, or Open MPI's
+    /// `MPIX_Bcast_init`; default, and used only where the library has one) or started
     /// afresh with `MPI_Ibcast`; variable [`env::PERSISTENT`].
     pub fn persistent(mut self, on: bool) -> Self {
         self.persistent = on;
+        self.transfer = Transfer::BySize;
         self.env_errors.clear(PERSISTENT);
         self
     }
@@ -286,22 +329,41 @@ impl MpiBroadcasterBuilder {
         );
         self.env_errors.check()?;
         let (persistent, direct_max) = (self.persistent, self.direct_max);
-        let mode = if me.1 > 1 && me.1 <= direct_max {
-            Mode::Direct
-        } else if persistent && request::has_bcast_init() {
-            Mode::Persistent
-        } else {
-            Mode::Ibcast
+        let by_size = || {
+            if me.1 > 1 && me.1 <= direct_max {
+                Mode::Direct
+            } else if persistent && request::has_bcast_init() {
+                Mode::Persistent
+            } else {
+                Mode::Ibcast
+            }
         };
+        let ranks = Ranks { me: rank, size };
         // Collective, like the rest of build: every rank gets here, or none (the errors
         // above come from settings every rank shares).
+        let (mode, measured) = match self.transfer {
+            Transfer::Measured if me.1 > 1 => {
+                self.opts.check(BACKEND)?;
+                let ways = choose::candidates(me.1);
+                choose::measure(&self.comm, ranks, me, &self.opts, &ways)?
+            }
+            Transfer::Direct => (Mode::Direct, Vec::new()),
+            Transfer::Persistent if request::has_bcast_init() => (Mode::Persistent, Vec::new()),
+            Transfer::Persistent => {
+                return Err(Error::config(
+                    "Transfer::Persistent: this MPI library has neither MPI_Bcast_init nor MPIX_Bcast_init",
+                ));
+            }
+            Transfer::Ibcast => (Mode::Ibcast, Vec::new()),
+            Transfer::Measured | Transfer::BySize => (by_size(), Vec::new()),
+        };
         let local_rank = usize::try_from(self.comm.split_shared(0).rank()).ok();
-        let ranks = Ranks { me: rank, size };
         let transport = Mpi::new(self.comm, ranks, mode);
         Ok(MpiBroadcaster {
             group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
             mode,
+            measured,
             local_rank,
         })
     }
@@ -323,20 +385,31 @@ impl MpiBroadcaster {
             opts: SlabOptions::default(),
             persistent: true,
             direct_max: DEFAULT_DIRECT_MAX,
+            transfer: Transfer::Measured,
             env_errors: EnvErrors::default(),
         }
     }
 
-    /// Whether rounds are direct sends from the root to every other rank (a group of at
-    /// most [`MpiBroadcasterBuilder::direct_up_to`] ranks).
+    /// How rounds move the slab: [`Transfer::Direct`], [`Transfer::Persistent`] or
+    /// [`Transfer::Ibcast`], measured or as configured.
+    pub fn transfer(&self) -> Transfer {
+        Transfer::of(self.mode)
+    }
+
+    /// Where the way was measured ([`Transfer::Measured`], the default): each way tried
+    /// and the median, over the timed rounds, of the slowest rank's round; empty elsewhere.
+    pub fn transfer_measured(&self) -> &[(Transfer, Duration)] {
+        &self.measured
+    }
+
+    /// Whether rounds are direct sends from the root to every other rank.
     pub fn direct_sends(&self) -> bool {
         self.mode == Mode::Direct
     }
 
-    /// Whether rounds restart a persistent broadcast prepared once per root (a group larger
-    /// than [`MpiBroadcasterBuilder::direct_up_to`], persistent broadcasts asked for, and the
-    /// MPI library has `MPI_Bcast_init` or `MPIX_Bcast_init`), rather than start an
-    /// `MPI_Ibcast` each round.
+    /// Whether rounds restart a persistent broadcast prepared once per root (the library
+    /// has `MPI_Bcast_init` or `MPIX_Bcast_init`), rather than start an `MPI_Ibcast` each
+    /// round or send directly.
     pub fn persistent_broadcasts(&self) -> bool {
         self.mode == Mode::Persistent
     }
@@ -438,6 +511,33 @@ mod tests {
         }
         let err = super::direct_max_from(Some("many")).expect_err("refused");
         assert!(err.contains("LENS_MPI_DIRECT_MAX"), "{err}");
+    }
+
+    /// One row per value of LENS_MPI_TRANSFER: (why, value, the way or an error).
+    #[test]
+    fn transfer_variable_values() {
+        use super::Transfer;
+        let rows: [(&str, &str, Option<Transfer>); 7] = [
+            ("the default, named", "measured", Some(Transfer::Measured)),
+            ("the size rule", "by-size", Some(Transfer::BySize)),
+            (
+                "any case, spaces trimmed",
+                " Direct ",
+                Some(Transfer::Direct),
+            ),
+            ("persistent", "persistent", Some(Transfer::Persistent)),
+            ("ibcast", "IBCAST", Some(Transfer::Ibcast)),
+            ("empty is an error, not a silent default", "", None),
+            ("not a way", "fastest", None),
+        ];
+        for (why, value, want) in rows {
+            assert_eq!(Transfer::parse(value).ok(), want, "{why}");
+        }
+        let err = Transfer::parse("fastest").expect_err("refused");
+        assert!(
+            err.contains("LENS_MPI_TRANSFER") && err.contains("fastest"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lens_core::{Broadcaster, Error, blocking};
-use lens_mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
+use lens_mpi::{MpiBroadcaster, MpiBroadcasterBuilder, Transfer};
 use lens_testkit::conformance::{Options, pattern, run_rank};
 use lens_testkit::process::{Supervised, mpirun};
 use mpi::traits::*;
@@ -26,6 +26,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
     ("arrivals_name_the_straggler", 3, true),
+    ("transfer_measured", 4, true),
     // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
     ("clock_under_faketime", 2, true),
 ];
@@ -133,9 +134,22 @@ fn rank_main(case: &str) {
     let me = world.rank();
     match case {
         "conformance_2" | "conformance_4" => {
-            // Small groups: the root sends to every other rank itself.
-            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
-            assert!(b.direct_sends() && !b.persistent_broadcasts());
+            // Two ranks: direct sends, named outright (the persistent and MPI_Ibcast paths
+            // have cases of their own); four: whichever way measured fastest.
+            let b = if case == "conformance_2" {
+                let b = check(
+                    MpiBroadcaster::builder(world.duplicate())
+                        .transfer(Transfer::Direct)
+                        .build(),
+                    "build",
+                );
+                assert!(b.direct_sends() && !b.persistent_broadcasts());
+                b
+            } else {
+                let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+                assert!(!b.transfer_measured().is_empty());
+                b
+            };
             // The library's node-local rank, as mpirun names it; the trace's local rank.
             let launcher: Option<usize> = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
                 .ok()
@@ -283,9 +297,23 @@ fn rank_main(case: &str) {
             // Rank 0 (the root) uses 256-byte slabs, rank 1 128-byte ones; the root's slab
             // message fits in rank 1's, whose header check names the difference.
             let size = if me == 0 { 256 } else { 128 };
+            // Measuring the ways (the default) finds it first, on every rank.
+            match MpiBroadcaster::builder(world.duplicate())
+                .slab_size(size)
+                .build()
+            {
+                Err(Error::Mismatch { reason }) => assert!(
+                    reason.contains("128-byte to 256-byte")
+                        && reason.contains("LENS_MPI_SLAB_SIZE"),
+                    "{reason}"
+                ),
+                other => panic!("rank {me}: expected a mismatch at build, got {other:?}"),
+            }
+            // With the way named, the first round's header check names it.
             let b = check(
                 MpiBroadcaster::builder(world.duplicate())
                     .slab_size(size)
+                    .transfer(Transfer::Direct)
                     .build(),
                 "build",
             );
@@ -342,6 +370,51 @@ fn rank_main(case: &str) {
                 println!("with offsets taken off: spread {} ns", a.spread_ns);
                 assert!(a.spread_ns < 100_000_000, "offsets taken off: {a:?}");
             }
+        }
+        "transfer_measured" => {
+            // The default measures each way and keeps the fastest, the same on every rank.
+            let b = check(MpiBroadcaster::new(world.duplicate()), "build");
+            let measured = b.transfer_measured();
+            let tried: Vec<Transfer> = measured.iter().map(|(t, _)| *t).collect();
+            assert!(
+                tried.contains(&Transfer::Direct) && tried.contains(&Transfer::Ibcast),
+                "{measured:?}"
+            );
+            let best = measured
+                .iter()
+                .min_by_key(|(_, d)| *d)
+                .map(|(t, _)| *t)
+                .expect("something measured");
+            assert_eq!(b.transfer(), best, "{measured:?}");
+            let index = tried.iter().position(|t| *t == best).expect("tried");
+            let mut every = vec![0i32; usize::try_from(world.size()).expect("size")];
+            world.all_gather_into(&i32::try_from(index).expect("small"), &mut every[..]);
+            assert!(
+                every.iter().all(|&i| i == every[0]),
+                "ranks disagree: {every:?}"
+            );
+            if me == 0 {
+                println!("measured: {measured:?}, kept {best:?}");
+            }
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default().rounds(100))),
+                "conformance",
+            );
+            // A way named outright is used as named, and nothing is measured.
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .transfer(Transfer::Ibcast)
+                    .build(),
+                "build",
+            );
+            assert_eq!(
+                (b.transfer(), b.transfer_measured()),
+                (Transfer::Ibcast, &[][..])
+            );
+            check(
+                futures::executor::block_on(run_rank(&b, &Options::default().rounds(20))),
+                "conformance",
+            );
         }
         "settings_from_the_environment" => {
             let b = check(

@@ -11,7 +11,7 @@
 //! | `local` | `lens::local`: the in-process backend, N ranks of one process (`LocalCluster`) |
 //! | `testkit` | `lens::testkit`: the cluster runner, span capture, fault injection, the conformance suite (enables `local`) |
 //! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
-//! | `mpi` | `lens::mpi`: one collective per carrier over any communicator (direct sends in small groups, else a persistent broadcast), with a deadline |
+//! | `mpi` | `lens::mpi`: one collective per carrier over any communicator (direct sends, a persistent broadcast or `MPI_Ibcast`, whichever measures fastest when built), with a deadline |
 //! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
 //! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver (gRPC or HTTP, TLS), with the rank resource and a flushing guard |
 //! | `tracing` | `lens::tracing`: for `tracing` users, broadcast a span's context and open linked `tracing` spans |

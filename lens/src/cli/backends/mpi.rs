@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder};
+use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder, Transfer};
 use lens::testkit::{Corruption, Fault, Faulty};
 
 use super::{Injected, demo_clock};
@@ -156,14 +156,9 @@ impl Backend for Mpi {
         let n = usize::try_from(world.size()).unwrap_or(0);
         Ok(Some(BenchReport {
             setting: format!(
-                "MPI_COMM_WORLD under mpirun, one process per rank; lens's rounds: {}",
-                if me.group.direct_sends() {
-                    "direct sends from the root"
-                } else if me.group.persistent_broadcasts() {
-                    "a persistent broadcast"
-                } else {
-                    "MPI_Ibcast"
-                }
+                "MPI_COMM_WORLD under mpirun, one process per rank; lens's rounds: {}{}",
+                way(me.group.transfer()),
+                measured(me.group.transfer_measured()),
             ),
             groups: vec![Measured::new(
                 n,
@@ -215,4 +210,26 @@ impl BenchRank for MpiRank<'_> {
         }
         Ok(())
     }
+}
+
+/// How lens's rounds move the slab, in words.
+fn way(t: Transfer) -> &'static str {
+    match t {
+        Transfer::Direct => "direct sends from the root",
+        Transfer::Persistent => "a persistent broadcast",
+        Transfer::Ibcast => "MPI_Ibcast",
+        _ => "another way",
+    }
+}
+
+/// What each way cost when the broadcaster measured them, where it did.
+fn measured(m: &[(Transfer, Duration)]) -> String {
+    if m.is_empty() {
+        return " (as configured)".into();
+    }
+    let each: Vec<String> = m
+        .iter()
+        .map(|(t, d)| format!("{} {:.1} µs", way(*t), d.as_secs_f64() * 1e6))
+        .collect();
+    format!(", chosen by measurement at build ({})", each.join(", "))
 }
