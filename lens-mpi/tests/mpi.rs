@@ -380,11 +380,16 @@ fn rank_main(case: &str) {
                 tried.contains(&Transfer::Direct) && tried.contains(&Transfer::Ibcast),
                 "{measured:?}"
             );
-            let best = measured
-                .iter()
-                .min_by_key(|(_, d)| *d)
-                .map(|(t, _)| *t)
-                .expect("something measured");
+            // The fastest, or direct sends while within 10 % of it.
+            let fastest = measured.iter().map(|(_, d)| *d).min().expect("measured");
+            let best = match measured.iter().find(|(t, _)| *t == Transfer::Direct) {
+                Some((_, d)) if d.as_nanos() * 100 <= fastest.as_nanos() * 110 => Transfer::Direct,
+                _ => measured
+                    .iter()
+                    .find(|(_, d)| *d == fastest)
+                    .map(|(t, _)| *t)
+                    .expect("measured"),
+            };
             assert_eq!(b.transfer(), best, "{measured:?}");
             let index = tried.iter().position(|t| *t == best).expect("tried");
             let mut every = vec![0i32; usize::try_from(world.size()).expect("size")];

@@ -104,6 +104,43 @@ fn tcp_rank_needs_a_key() {
     assert!(run.stderr.contains("LENS_TCP_KEY"), "{}", run.stderr);
 }
 
+/// `--processes`: every rank its own process, lens and the raw baseline in the same tree
+/// (fan-out 2 over 5 ranks: two levels); rank 0's CPU and every rank's together.
+#[test]
+fn tcp_bench_with_processes_runs_a_tree_of_processes() {
+    let run = lens(
+        &[
+            "bench",
+            "--backend",
+            "tcp",
+            "--processes",
+            "--ranks",
+            "5",
+            "--fan-out",
+            "2",
+            "--iters",
+            "30",
+            "--json",
+        ],
+        &[],
+        DEADLINE,
+    );
+    let lines = run.bench_lines("tcp", &[(5, "raw"), (5, "lens_bytes"), (5, "lens")], 30);
+    for line in &lines {
+        let rank0 = line["cpu_us_rank0"].as_f64().expect("rank 0's CPU");
+        let all = line["cpu_us_all_ranks"].as_f64().expect("every rank's CPU");
+        assert!(rank0 > 0.0 && all > rank0, "{line}");
+    }
+    // Over the in-process limit of 256 threads is fine for processes; a group of one is not.
+    let run = lens(
+        &["bench", "--backend", "tcp", "--processes", "--ranks", "1"],
+        &[],
+        DEADLINE,
+    );
+    assert!(!run.ok);
+    assert!(run.stderr.contains("at least 2 ranks"), "{}", run.stderr);
+}
+
 #[test]
 fn tcp_bench_prints_raw_and_lens_lines() {
     let run = lens(

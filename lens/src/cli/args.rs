@@ -138,6 +138,20 @@ pub(crate) struct BenchArgs {
     /// TCP only: tree fan-out of lens's group (default: a star from rank 0).
     #[arg(long)]
     pub(crate) fan_out: Option<usize>,
+    /// TCP only: each rank its own process of this program, as in a job (default: one
+    /// thread per rank). Adds each round's CPU summed over all ranks (`cpu_all`); `cpu_us`
+    /// is then rank 0's.
+    #[arg(long)]
+    pub(crate) processes: bool,
+    /// Set by `--processes` on the ranks it starts: this process's rank.
+    #[arg(long, hide = true)]
+    pub(crate) rank: Option<usize>,
+    /// Set by `--processes` on the ranks it starts: the group's size.
+    #[arg(long, hide = true)]
+    pub(crate) world: Option<usize>,
+    /// Set by `--processes` on the ranks it starts: rank 0's address.
+    #[arg(long, hide = true)]
+    pub(crate) addr: Option<String>,
 }
 
 /// A deadline given in seconds on the command line: positive and at most

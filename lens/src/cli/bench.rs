@@ -32,6 +32,12 @@ pub(crate) fn run(backend: &dyn Backend, args: &BenchArgs) -> Result<(), String>
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    if backend.name() != "tcp" && (args.processes || args.rank.is_some()) {
+        return Err(format!(
+            "--processes applies to --backend tcp (with {}, see its ranks in the bench's title)",
+            backend.name()
+        ));
+    }
     let cx = source_context();
     let plan = Plan {
         baselines: backend.baselines().len(),
@@ -53,9 +59,16 @@ fn print_report(backend: &str, args: &BenchArgs, plan: &Plan, report: &BenchRepo
              a round is the slowest rank's time from a common barrier",
             report.setting, plan.iters
         );
+        let all = report.groups.iter().any(|g| !g.cpu_all_us.is_empty());
         println!(
-            "{:>6} {:>15} {:>10} {:>10} {:>8} {:>9}",
-            "ranks", "op", "median_us", "p99_us", "cpu_us", "lens/raw"
+            "{:>6} {:>15} {:>10} {:>10} {:>8} {:>9}{}",
+            "ranks",
+            "op",
+            "median_us",
+            "p99_us",
+            "cpu_us",
+            "lens/raw",
+            if all { "   cpu_all" } else { "" }
         );
     }
     for group in &report.groups {
@@ -73,12 +86,18 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
     let is_lens = |op: &str| LENS_OPS.contains(&op);
     for (i, (op, s)) in stats.iter().enumerate() {
         let cpu = group.cpu_us.get(i).copied().unwrap_or(f64::NAN);
+        let all = group.cpu_all_us.get(i).copied();
         if json {
             let mut line = json!({
                 "backend": backend, "ranks": group.ranks, "op": op, "bytes": bytes,
                 "iters": s.count, "median_us": round2(s.median), "p99_us": round2(s.p99),
                 "cpu_us_per_rank": round2(cpu),
             });
+            if let Some(all) = all {
+                // Processes: `cpu_us_per_rank` is rank 0's; this, every rank's together.
+                line["cpu_us_rank0"] = json!(round2(cpu));
+                line["cpu_us_all_ranks"] = json!(round2(all));
+            }
             if is_lens(op) {
                 for (base, b) in stats.iter().filter(|(o, _)| !is_lens(o)) {
                     line[format!("ratio_vs_{base}")] = json!(round2(s.median / b.median));
@@ -90,8 +109,9 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
                 Some((_, raw)) if is_lens(op) => format!("{:.2}x", s.median / raw.median),
                 _ => String::new(),
             };
+            let all = all.map_or(String::new(), |a| format!(" {a:>9.1}"));
             println!(
-                "{:>6} {op:>15} {:>10.2} {:>10.2} {cpu:>8.2} {ratio:>9}",
+                "{:>6} {op:>15} {:>10.2} {:>10.2} {cpu:>8.2} {ratio:>9}{all}",
                 group.ranks, s.median, s.p99
             );
         }

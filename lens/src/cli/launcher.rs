@@ -32,13 +32,22 @@ fn drain<T: Send + 'static>(
     })
 }
 
-/// Runs `n` ranks, rank `r` as `command(r)` (which prints its spans as span lines and a
-/// one-line reason on stderr when it fails), until all have exited or `deadline` has passed.
-pub(crate) fn run_ranks(
+/// How one child ended: what `read` made of its stdout, whether it succeeded, its stderr.
+pub(crate) struct Exited<T> {
+    pub(crate) out: T,
+    pub(crate) ok: bool,
+    pub(crate) stderr: String,
+}
+
+/// Runs `n` processes, process `r` as `command(r)`, until all have exited or `deadline` has
+/// passed (then every one still running is killed). Each one's stdout goes through `read`
+/// while it runs.
+pub(crate) fn run_collect<T: Default + Send + 'static>(
     n: usize,
     command: impl Fn(usize) -> Command,
     deadline: Duration,
-) -> Result<Job, String> {
+    read: fn(BufReader<Box<dyn Read + Send>>) -> T,
+) -> Result<Vec<Exited<T>>, String> {
     let mut children = Children(Vec::with_capacity(n));
     let mut readers = Vec::with_capacity(n);
     for rank in 0..n {
@@ -48,29 +57,14 @@ pub(crate) fn run_ranks(
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
-        let spans = drain(child.stdout.take(), |r| {
-            let (mut spans, mut export, mut clock) = (Vec::new(), None, None);
-            for l in r.lines().map_while(Result::ok) {
-                if let Some(json) = l.strip_prefix(SPAN_LINE) {
-                    let json = serde_json::from_str(json).ok();
-                    spans.extend(json.as_ref().and_then(SpanRecord::from_json));
-                } else if let Some(json) = l.strip_prefix(OTLP_LINE) {
-                    let json = serde_json::from_str(json).ok();
-                    export = json.as_ref().and_then(ExportRecord::from_json);
-                } else if let Some(json) = l.strip_prefix(CLOCK_LINE) {
-                    let json = serde_json::from_str(json).ok();
-                    clock = json.as_ref().and_then(clock_from_json);
-                }
-            }
-            (spans, export, clock)
-        });
+        let out = drain(child.stdout.take(), read);
         let stderr = drain(child.stderr.take(), |mut r| {
             let mut text = String::new();
             let _ = r.read_to_string(&mut text);
             text
         });
         children.0.push(child);
-        readers.push((spans, stderr));
+        readers.push((out, stderr));
     }
     let until = Instant::now() + deadline;
     let mut status = vec![None; n];
@@ -90,26 +84,75 @@ pub(crate) fn run_ranks(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut job = Job::default();
-    for (rank, (spans, stderr)) in readers.into_iter().enumerate() {
+    let mut exited = Vec::with_capacity(n);
+    for (rank, (out, stderr)) in readers.into_iter().enumerate() {
         let lost = || format!("reading rank {rank}'s output failed");
-        let (spans, export, clock) = spans.join().map_err(|_| lost())?.unwrap_or_default();
+        exited.push(Exited {
+            out: out.join().map_err(|_| lost())?.unwrap_or_default(),
+            ok: status[rank].is_some_and(|s| s.success()),
+            stderr: stderr.join().map_err(|_| lost())?.unwrap_or_default(),
+        });
+    }
+    Ok(exited)
+}
+
+/// The last line a failed rank wrote to stderr, without the program's and the rank's own
+/// prefix (the job's report names the rank once).
+pub(crate) fn reason_of(rank: usize, stderr: &str) -> String {
+    let reason = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("exited with an error")
+        .trim_start_matches("lens: ");
+    reason
+        .strip_prefix(&format!("rank {rank}: "))
+        .unwrap_or(reason)
+        .to_owned()
+}
+
+/// What a demo rank prints: its spans, its export report, its clock.
+type Printed = (
+    Vec<SpanRecord>,
+    Option<ExportRecord>,
+    Option<lens::ClockOffset>,
+);
+
+fn read_printed(r: BufReader<Box<dyn Read + Send>>) -> Printed {
+    let (mut spans, mut export, mut clock) = (Vec::new(), None, None);
+    for l in r.lines().map_while(Result::ok) {
+        if let Some(json) = l.strip_prefix(SPAN_LINE) {
+            let json = serde_json::from_str(json).ok();
+            spans.extend(json.as_ref().and_then(SpanRecord::from_json));
+        } else if let Some(json) = l.strip_prefix(OTLP_LINE) {
+            let json = serde_json::from_str(json).ok();
+            export = json.as_ref().and_then(ExportRecord::from_json);
+        } else if let Some(json) = l.strip_prefix(CLOCK_LINE) {
+            let json = serde_json::from_str(json).ok();
+            clock = json.as_ref().and_then(clock_from_json);
+        }
+    }
+    (spans, export, clock)
+}
+
+/// Runs `n` ranks, rank `r` as `command(r)` (which prints its spans as span lines and a
+/// one-line reason on stderr when it fails), until all have exited or `deadline` has passed.
+pub(crate) fn run_ranks(
+    n: usize,
+    command: impl Fn(usize) -> Command,
+    deadline: Duration,
+) -> Result<Job, String> {
+    let mut job = Job::default();
+    for (rank, e) in run_collect(n, command, deadline, read_printed)?
+        .into_iter()
+        .enumerate()
+    {
+        let (spans, export, clock) = e.out;
         job.ranks.push(spans);
         job.exports.extend(export);
         job.clocks.push(clock);
-        let stderr = stderr.join().map_err(|_| lost())?.unwrap_or_default();
-        if status[rank].is_some_and(|s| !s.success()) {
-            let reason = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("exited with an error")
-                .trim_start_matches("lens: ");
-            // The rank names itself; the job's report names it once.
-            let reason = reason
-                .strip_prefix(&format!("rank {rank}: "))
-                .unwrap_or(reason)
-                .to_owned();
+        if !e.ok {
+            let reason = reason_of(rank, &e.stderr);
             let timeout = reason.contains("timed out");
             job.failures.push((rank, reason, timeout));
         }

@@ -12,10 +12,11 @@
 //!   when every rank has the bytes.
 //! - **Statistic.** The median and the 99th percentile of those samples, in µs; `lens/raw`
 //!   is the ratio of the medians.
-//! - **CPU.** The process's CPU time over each operation's timed rounds (barrier waits
-//!   included), per rank and round: on rank 0's process, divided by the ranks it runs. Where
-//!   ranks wait by sleeping (the in-process and TCP groups) this is the work a round costs;
-//!   MPI ranks busy-poll, so there it is close to the wall time.
+//! - **CPU.** The process's CPU time during each operation's timed calls (from the barrier's
+//!   end to the call's return; the barrier itself excluded), per rank and round: on rank 0's
+//!   process, divided by the ranks it runs; with `--processes`, rank 0's and the sum over
+//!   every rank's process. Where ranks wait by sleeping (the in-process and TCP groups) this
+//!   is the work a round costs; MPI ranks busy-poll, so there it is close to the wall time.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -63,6 +64,9 @@ pub(crate) struct Measured {
     pub(crate) ops: Vec<(&'static str, Vec<f64>)>,
     /// CPU µs per rank per round of each operation, in the same order.
     pub(crate) cpu_us: Vec<f64>,
+    /// Where ranks are processes: CPU µs per round summed over every rank, per operation
+    /// (empty elsewhere).
+    pub(crate) cpu_all_us: Vec<f64>,
 }
 
 impl Measured {
@@ -73,6 +77,7 @@ impl Measured {
             ranks,
             ops: names.zip(timed.times).collect(),
             cpu_us: timed.cpu_us,
+            cpu_all_us: Vec::new(),
         }
     }
 }
@@ -85,7 +90,7 @@ pub(crate) struct Timed {
 
 /// CPU time used so far by every thread of this process.
 #[allow(unsafe_code)]
-fn process_cpu() -> Duration {
+pub(crate) fn process_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -124,12 +129,9 @@ pub(crate) fn run_rank(
             continue;
         }
         for (op, times) in times.iter_mut().enumerate() {
-            let mut cpu_from = Duration::ZERO;
             for round in 0..WARMUP + per_block {
-                if round == WARMUP {
-                    cpu_from = process_cpu();
-                }
                 barrier()?;
+                let cpu_from = (round >= WARMUP).then(process_cpu);
                 let t0 = Instant::now();
                 if op < plan.baselines {
                     r.baseline(op, &plan.bytes, cx)?;
@@ -144,11 +146,11 @@ pub(crate) fn run_rank(
                     std::hint::black_box(got);
                 }
                 let us = t0.elapsed().as_secs_f64() * 1e6;
-                if round >= WARMUP {
+                if let Some(from) = cpu_from {
+                    cpu[op] += process_cpu().saturating_sub(from);
                     times.push(us);
                 }
             }
-            cpu[op] += process_cpu().saturating_sub(cpu_from);
         }
     }
     let rounds = plan.iters.max(1) as f64;
@@ -159,7 +161,7 @@ pub(crate) fn run_rank(
 }
 
 /// Element-wise maximum of every rank's times: the slowest rank's time of each round.
-fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
+pub(crate) fn slowest(per_rank: Vec<Vec<Vec<f64>>>) -> Vec<Vec<f64>> {
     let mut ranks = per_rank.into_iter();
     let mut out = ranks.next().unwrap_or_default();
     for theirs in ranks {

@@ -12,6 +12,10 @@ mod mpi;
 mod nccl;
 #[cfg(feature = "tcp")]
 mod tcp;
+#[cfg(feature = "tcp")]
+mod tcp_procs;
+#[cfg(feature = "tcp")]
+mod tcp_raw;
 
 /// The backend the command line names.
 pub(crate) fn select(arg: BackendArg) -> &'static dyn Backend {

@@ -17,12 +17,11 @@ use super::super::launcher;
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
 use super::super::record::{CLOCK_LINE, Job, clock_json};
+use super::tcp_raw::{self, RawTree};
 use super::{Injected, demo_clock};
 
 /// Most ranks the bench runs, one thread (and two sockets) each.
 const MAX_BENCH_RANKS: usize = 256;
-/// How long a raw baseline round waits for a peer before the bench fails.
-const RAW_TIMEOUT_MS: i64 = 30_000;
 
 pub(crate) struct Tcp;
 
@@ -74,21 +73,39 @@ impl Backend for Tcp {
     }
 
     fn bench(&self, args: &BenchArgs, plan: &Plan) -> Result<Option<BenchReport>, String> {
+        if let Some(rank) = args.rank {
+            // A rank process that `--processes` started.
+            super::tcp_procs::rank_main(args, plan, rank)?;
+            return Ok(None);
+        }
+        if args.processes {
+            if let Some(bad) = args.ranks.iter().find(|n| **n < 2) {
+                return Err(format!("--ranks {bad}: a group has at least 2 ranks"));
+            }
+            return super::tcp_procs::bench(args, self.baselines()).map(Some);
+        }
         if let Some(bad) = args.ranks.iter().find(|n| **n < 2 || **n > MAX_BENCH_RANKS) {
             return Err(format!(
-                "--ranks {bad}: the tcp bench takes 2 to {MAX_BENCH_RANKS} ranks"
+                "--ranks {bad}: the tcp bench takes 2 to {MAX_BENCH_RANKS} ranks (more with --processes)"
             ));
         }
         let mut groups = Vec::new();
         for &n in &args.ranks {
             let lens = lens_group(n, args.fan_out)?;
-            let raw = raw_sockets(n)?;
-            let ranks: Vec<TcpRank> = lens.into_iter().zip(raw).map(TcpRank::new).collect();
+            // The raw baseline in lens's layout: the same star, or the same tree.
+            let raw = tcp_raw::in_process(n, args.fan_out.unwrap_or(n - 1))?;
+            let ranks: Vec<TcpRank> = lens
+                .into_iter()
+                .zip(raw)
+                .map(|(lens, raw)| TcpRank { lens, raw })
+                .collect();
             groups.push(Measured::new(n, self.baselines(), on_threads(ranks, plan)?));
         }
-        let shape = args.fan_out.map_or("lens as a star".to_owned(), |k| {
-            format!("lens with fan-out {k}")
-        });
+        let shape = args
+            .fan_out
+            .map_or("lens and raw as a star".to_owned(), |k| {
+                format!("lens and raw as a tree of fan-out {k}")
+            });
         Ok(Some(BenchReport {
             setting: format!("loopback, one thread per rank, {shape}"),
             groups,
@@ -172,7 +189,7 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
     Ok(job)
 }
 
-fn random_hex(bytes: usize) -> Result<String, String> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String, String> {
     let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).map_err(|e| format!("no randomness for a job key: {e}"))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
@@ -180,10 +197,10 @@ fn random_hex(bytes: usize) -> Result<String, String> {
 
 /// The job key of spawned ranks, in a file only this user can read (not in the
 /// environment, which child processes inherit); removed when dropped.
-struct KeyFile(std::path::PathBuf);
+pub(crate) struct KeyFile(pub(crate) std::path::PathBuf);
 
 impl KeyFile {
-    fn new(key: &str) -> Result<KeyFile, String> {
+    pub(crate) fn new(key: &str) -> Result<KeyFile, String> {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
         let path = std::env::temp_dir().join(format!(
@@ -223,66 +240,9 @@ fn lens_group(n: usize, fan_out: Option<usize>) -> Result<Vec<TcpBroadcaster>, S
     Ok(group.ranks)
 }
 
-fn zerr(e: zmq::Error) -> String {
-    format!("zmq: {e}")
-}
-
-/// A rank's socket of the raw baseline: no lens code, no framing, no authentication.
-enum Raw {
-    /// Rank 0: a ROUTER that sends the bytes to every DEALER and waits for their acks.
-    Router { socket: zmq::Socket, peers: usize },
-    /// Every other rank: a DEALER that receives the bytes and acks them.
-    Dealer(zmq::Socket),
-}
-
-/// The raw group: a ROUTER at rank 0 and a DEALER per other rank, each with its own
-/// context (and so its own I/O thread), as separate processes and `TcpBroadcaster`s have.
-fn raw_sockets(n: usize) -> Result<Vec<Raw>, String> {
-    let router = zmq::Context::new().socket(zmq::ROUTER).map_err(zerr)?;
-    router.set_linger(0).map_err(zerr)?;
-    router.bind("tcp://127.0.0.1:0").map_err(zerr)?;
-    let endpoint = router
-        .get_last_endpoint()
-        .map_err(zerr)?
-        .map_err(|_| "no endpoint".to_string())?;
-    let mut dealers = Vec::new();
-    for r in 1..n {
-        let d = zmq::Context::new().socket(zmq::DEALER).map_err(zerr)?;
-        d.set_linger(0).map_err(zerr)?;
-        d.set_identity(format!("r{r}").as_bytes()).map_err(zerr)?;
-        d.connect(&endpoint).map_err(zerr)?;
-        d.send(&b"hello"[..], 0).map_err(zerr)?;
-        dealers.push(Raw::Dealer(d));
-    }
-    for _ in 1..n {
-        if router.poll(zmq::POLLIN, 10_000).map_err(zerr)? == 0 {
-            return Err("the raw group did not form".into());
-        }
-        router.recv_multipart(0).map_err(zerr)?;
-    }
-    let root = Raw::Router {
-        socket: router,
-        peers: n - 1,
-    };
-    Ok(std::iter::once(root).chain(dealers).collect())
-}
-
 struct TcpRank {
     lens: TcpBroadcaster,
-    raw: Raw,
-}
-
-impl TcpRank {
-    fn new((lens, raw): (TcpBroadcaster, Raw)) -> Self {
-        TcpRank { lens, raw }
-    }
-}
-
-fn ready(socket: &zmq::Socket) -> Result<(), String> {
-    match socket.poll(zmq::POLLIN, RAW_TIMEOUT_MS).map_err(zerr)? {
-        0 => Err("a raw round timed out".into()),
-        _ => Ok(()),
-    }
+    raw: RawTree,
 }
 
 impl BenchRank for TcpRank {
@@ -291,24 +251,6 @@ impl BenchRank for TcpRank {
     }
 
     fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
-        match &self.raw {
-            Raw::Router { socket, peers } => {
-                for r in 1..=*peers {
-                    socket
-                        .send_multipart([format!("r{r}").as_bytes(), bytes], 0)
-                        .map_err(zerr)?;
-                }
-                for _ in 0..*peers {
-                    ready(socket)?;
-                    socket.recv_multipart(0).map_err(zerr)?;
-                }
-            }
-            Raw::Dealer(socket) => {
-                ready(socket)?;
-                std::hint::black_box(socket.recv_bytes(0).map_err(zerr)?);
-                socket.send(&b"ack"[..], 0).map_err(zerr)?;
-            }
-        }
-        Ok(())
+        self.raw.round(bytes)
     }
 }

@@ -1,0 +1,255 @@
+//! `lens bench --backend tcp --processes`: every rank its own process of this program, as
+//! in a job. The threads of one process share its I/O and its scheduler's view; a job's
+//! ranks do not, so only this mode measures what a job of processes costs: per round the
+//! slowest rank's time, rank 0's CPU and the CPU of all ranks together (on a machine with
+//! fewer cores than ranks, that sum is the floor under the round's time).
+//!
+//! The raw baseline has lens's layout: the same tree (a star unless `--fan-out`), each
+//! parent sending the bytes to its children and acknowledging up once its children have,
+//! over bare ZeroMQ ROUTER/DEALER sockets (no framing, no authentication).
+//!
+//! The ranks meet twice: lens's group (rank 0's address, a fresh job key), and a
+//! directory and barrier over ZeroMQ at rank 0, whose address rank 0 sends with one lens
+//! broadcast. Every rank binds its raw socket on an ephemeral loopback port and tells rank 0
+//! its endpoint; rank 0 sends the table back, and each rank connects to its tree parent.
+
+use std::io::{BufRead as _, BufReader, Read};
+use std::process::Command;
+use std::time::Duration;
+
+use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
+use lens::{Broadcaster, blocking};
+use opentelemetry::Context;
+use serde_json::json;
+
+use super::super::args::BenchArgs;
+use super::super::backend::BenchReport;
+use super::super::launcher::{reason_of, run_collect};
+use super::super::measure::{BenchRank, Measured, Plan, Timed, run_rank, slowest};
+use super::tcp::{KeyFile, random_hex};
+use super::tcp_raw::{
+    RawTree, bound, children, greeted, id, parent, rank_of, socket, up_to, wait_in, zerr,
+};
+
+/// What a rank process prints: its round times and CPU per round, as JSON.
+const RANK_LINE: &str = "lens-bench-rank ";
+
+/// The barrier and directory at rank 0: a ROUTER there, a DEALER on every other rank.
+enum Star {
+    Root { socket: zmq::Socket, n: usize },
+    Member(zmq::Socket),
+}
+
+impl Star {
+    /// Every rank reaches it before any leaves.
+    fn barrier(&self) -> Result<(), String> {
+        match self {
+            Star::Root { socket, n } => {
+                for _ in 1..*n {
+                    wait_in(socket, "barrier")?;
+                    socket.recv_multipart(0).map_err(zerr)?;
+                }
+                for r in 1..*n {
+                    socket
+                        .send_multipart([id(r), b"go".to_vec()], 0)
+                        .map_err(zerr)?;
+                }
+            }
+            Star::Member(socket) => {
+                socket.send(&b"ready"[..], 0).map_err(zerr)?;
+                wait_in(socket, "barrier")?;
+                socket.recv_bytes(0).map_err(zerr)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct ProcRank {
+    lens: TcpBroadcaster,
+    raw: RawTree,
+}
+
+impl BenchRank for ProcRank {
+    fn group(&self) -> &dyn Broadcaster {
+        &self.lens
+    }
+
+    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
+        self.raw.round(bytes)
+    }
+}
+
+/// This process's rank: joins lens's group and the raw tree, runs `plan`, prints its
+/// figures on one line for the process that started it.
+pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<(), String> {
+    let (Some(n), Some(addr)) = (args.world, &args.addr) else {
+        return Err("a bench rank needs --world and --addr".into());
+    };
+    let k = args.fan_out.unwrap_or(n.saturating_sub(1).max(1));
+    let mut b = TcpConfigBuilder::from_env()
+        .rank(rank)
+        .world_size(n)
+        .addr(addr.clone())
+        .timeout(Duration::from_secs(60));
+    if let Some(k) = args.fan_out {
+        b = b.fan_out(k);
+    }
+    let lens = b
+        .build()
+        .and_then(TcpBroadcaster::connect)
+        .map_err(|e| format!("rank {rank}: {e}"))?;
+    let ctx = zmq::Context::new();
+    let down = socket(&ctx, zmq::ROUTER)?;
+    let mine = bound(&down)?;
+    // The directory: every rank's raw endpoint, through rank 0.
+    let (star, table) = if rank == 0 {
+        let socket = socket(&ctx, zmq::ROUTER)?;
+        let at = bound(&socket)?;
+        blocking::broadcast(&lens, 0, Some(at.as_bytes())).map_err(|e| e.to_string())?;
+        let mut table = vec![String::new(); n];
+        table[0] = mine;
+        for _ in 1..n {
+            wait_in(&socket, "the directory")?;
+            let m = socket.recv_multipart(0).map_err(zerr)?;
+            let (Some(who), Some(ep)) = (m.first().and_then(|i| rank_of(i)), m.get(1)) else {
+                return Err("a malformed directory entry".into());
+            };
+            if let Some(slot) = table.get_mut(who) {
+                *slot = String::from_utf8_lossy(ep).into_owned();
+            }
+        }
+        let all = table.join("\n").into_bytes();
+        for r in 1..n {
+            socket
+                .send_multipart([id(r), all.clone()], 0)
+                .map_err(zerr)?;
+        }
+        (Star::Root { socket, n }, table)
+    } else {
+        let at = blocking::broadcast(&lens, 0, None).map_err(|e| e.to_string())?;
+        let socket = socket(&ctx, zmq::DEALER)?;
+        socket.set_identity(&id(rank)).map_err(zerr)?;
+        socket
+            .connect(&String::from_utf8_lossy(&at))
+            .map_err(zerr)?;
+        socket.send(mine.as_bytes(), 0).map_err(zerr)?;
+        wait_in(&socket, "the directory")?;
+        let all = socket.recv_bytes(0).map_err(zerr)?;
+        let table = String::from_utf8_lossy(&all)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        (Star::Member(socket), table)
+    };
+    // The raw tree: each rank greets its parent, each parent waits for its children.
+    let up = match rank {
+        0 => None,
+        r => {
+            let ep = table
+                .get(parent(r, k))
+                .ok_or("no parent in the directory")?;
+            Some(up_to(&ctx, r, ep)?)
+        }
+    };
+    let kids: Vec<usize> = children(rank, n, k).collect();
+    greeted(&down, &kids)?;
+    let mut me = ProcRank {
+        lens,
+        raw: RawTree {
+            up,
+            down,
+            children: kids,
+        },
+    };
+    let timed = run_rank(&mut me, &mut || star.barrier(), plan)?;
+    println!(
+        "{RANK_LINE}{}",
+        json!({"times": timed.times, "cpu_us": timed.cpu_us})
+    );
+    Ok(())
+}
+
+/// What a rank process printed: its times per operation and CPU per round.
+type Printed = Option<(Vec<Vec<f64>>, Vec<f64>)>;
+
+fn read_rank_line(r: BufReader<Box<dyn Read + Send>>) -> Printed {
+    let line = r
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix(RANK_LINE).map(str::to_owned))?;
+    let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+    let times = serde_json::from_value(v.get("times")?.clone()).ok()?;
+    let cpu = serde_json::from_value(v.get("cpu_us")?.clone()).ok()?;
+    Some((times, cpu))
+}
+
+/// Starts `n` rank processes per group size and gathers their figures.
+pub(crate) fn bench(args: &BenchArgs, baselines: &[&'static str]) -> Result<BenchReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut groups = Vec::new();
+    for &n in &args.ranks {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free loopback port: {e}"))?
+            .port();
+        let key = KeyFile::new(&random_hex(32)?)?;
+        let command = |rank: usize| {
+            let mut c = Command::new(&exe);
+            c.args([
+                "bench",
+                "--backend",
+                "tcp",
+                "--iters",
+                &args.iters.to_string(),
+            ])
+            .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
+            .args(["--addr", &format!("127.0.0.1:{port}")])
+            .env(lens::tcp::env::KEY_FILE, &key.0)
+            .env_remove(lens::tcp::env::KEY);
+            if let Some(k) = args.fan_out {
+                c.args(["--fan-out", &k.to_string()]);
+            }
+            c
+        };
+        // Generous: four operations, each round up to about a millisecond per rank.
+        let rounds = 4 * (args.iters + 200);
+        let deadline = Duration::from_secs(120)
+            + Duration::from_micros(u64::try_from(rounds * n * 1000).unwrap_or(u64::MAX));
+        let exited = run_collect(n, command, deadline, read_rank_line)?;
+        let mut per_rank = Vec::with_capacity(n);
+        let mut cpu = Vec::with_capacity(n);
+        for (rank, e) in exited.into_iter().enumerate() {
+            match e.out {
+                Some((times, c)) if e.ok => {
+                    per_rank.push(times);
+                    cpu.push(c);
+                }
+                _ => return Err(format!("rank {rank}: {}", reason_of(rank, &e.stderr))),
+            }
+        }
+        let ops = cpu.first().map_or(0, Vec::len);
+        let cpu_all_us = (0..ops)
+            .map(|op| cpu.iter().filter_map(|c| c.get(op)).sum())
+            .collect();
+        let mut m = Measured::new(
+            n,
+            baselines,
+            Timed {
+                times: slowest(per_rank),
+                cpu_us: cpu.first().cloned().unwrap_or_default(),
+            },
+        );
+        m.cpu_all_us = cpu_all_us;
+        groups.push(m);
+    }
+    let shape = args
+        .fan_out
+        .map_or("a star".to_owned(), |k| format!("a tree of fan-out {k}"));
+    Ok(BenchReport {
+        setting: format!(
+            "loopback, one process per rank, lens and raw as {shape}; cpu_us is rank 0's, cpu_all every rank's together"
+        ),
+        groups,
+    })
+}
