@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -432,6 +433,10 @@ impl OtlpBuilder {
             provider = add(provider);
         }
         let counts = Arc::new(Counts::default());
+        let shift = Arc::new(AtomicI64::new(match self.clock {
+            Some(c) if self.correct_timestamps => c.offset_ns,
+            _ => 0,
+        }));
         let mut runtime = None;
         let mut target = None;
         if exporting {
@@ -459,10 +464,7 @@ impl OtlpBuilder {
             let exporter = CountingExporter {
                 inner: exporter,
                 counts: Arc::clone(&counts),
-                shift_ns: match self.clock {
-                    Some(c) if self.correct_timestamps => c.offset_ns,
-                    _ => 0,
-                },
+                shift_ns: Arc::clone(&shift),
             };
             let config = self
                 .batch
@@ -481,6 +483,7 @@ impl OtlpBuilder {
             runtime,
             target,
             shutdown_timeout,
+            self.correct_timestamps.then_some(shift),
         ))
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::Context;
@@ -95,8 +95,9 @@ pub(crate) struct CountingExporter<E> {
     pub(crate) inner: E,
     pub(crate) counts: Arc<Counts>,
     /// Nanoseconds subtracted from every timestamp (this rank's clock offset from the
-    /// reference rank's), so that the ranks line up in the backend; zero for none.
-    pub(crate) shift_ns: i64,
+    /// reference rank's), so that the ranks line up in the backend; zero for none. Shared
+    /// with the guard, which moves it when the offset is measured again.
+    pub(crate) shift_ns: Arc<AtomicI64>,
 }
 
 /// `t` moved back by `ns` nanoseconds (forward when negative).
@@ -112,12 +113,14 @@ fn shifted(t: std::time::SystemTime, ns: i64) -> std::time::SystemTime {
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     async fn export(&self, mut batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
-        if self.shift_ns != 0 {
+        // One reading per batch: a batch is moved by one offset.
+        let shift = self.shift_ns.load(Ordering::Relaxed);
+        if shift != 0 {
             for s in &mut batch {
-                s.start_time = shifted(s.start_time, self.shift_ns);
-                s.end_time = shifted(s.end_time, self.shift_ns);
+                s.start_time = shifted(s.start_time, shift);
+                s.end_time = shifted(s.end_time, shift);
                 for e in &mut s.events.events {
-                    e.timestamp = shifted(e.timestamp, self.shift_ns);
+                    e.timestamp = shifted(e.timestamp, shift);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The rank's provider and the guard that flushes it and reports what was lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lens_core::{Error, RankInfo, Result};
@@ -28,6 +28,8 @@ pub struct OtlpGuard {
     done: bool,
     /// The id of the hang-report flush this guard set ([`OtlpGuard::set_global`]); 0: none.
     hang_flush: AtomicU64,
+    /// The exporter's timestamp shift, where timestamps are corrected.
+    shift_ns: Option<Arc<AtomicI64>>,
 }
 
 impl std::fmt::Debug for OtlpGuard {
@@ -48,6 +50,7 @@ impl OtlpGuard {
         runtime: Option<tokio::runtime::Runtime>,
         target: Option<(Protocol, String)>,
         shutdown_timeout: Duration,
+        shift_ns: Option<Arc<AtomicI64>>,
     ) -> Self {
         OtlpGuard {
             provider,
@@ -58,6 +61,20 @@ impl OtlpGuard {
             shutdown_timeout,
             done: false,
             hang_flush: AtomicU64::new(0),
+            shift_ns,
+        }
+    }
+
+    /// This rank's clock offset measured again (a `lens_core::ClockTracker` step, or
+    /// `lens_core::measure_clock_offsets`): spans exported from now on are moved onto the
+    /// reference clock by it (each batch by the offset in force when it is sent, so spans
+    /// that ended just before are moved by the new one: offsets change slowly). The
+    /// resource keeps the offset given at build (`OtlpBuilder::clock_offset`): a provider's
+    /// resource is fixed for its life. Does nothing where timestamps are not corrected
+    /// (`OtlpBuilder::correct_timestamps(false)`).
+    pub fn set_clock_offset(&self, clock: lens_core::ClockOffset) {
+        if let Some(shift) = &self.shift_ns {
+            shift.store(clock.offset_ns, Ordering::Relaxed);
         }
     }
 

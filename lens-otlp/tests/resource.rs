@@ -260,6 +260,56 @@ fn the_measured_clock_offset_is_in_every_rank_s_resource() {
     }
 }
 
+/// A re-measured offset moves the spans exported after it (the resource keeps the first).
+#[test]
+fn a_remeasured_offset_moves_later_spans() {
+    let first = lens_core::ClockOffset {
+        offset_ns: 2_000_000_000,
+        error_ns: 1_000,
+    };
+    let receiver = Receiver::start().expect("receiver");
+    let guard = OtlpBuilder::new(RankInfo::new(1, 2).expect("rank"))
+        .endpoint(receiver.http_endpoint())
+        .clock_offset(first)
+        .build()
+        .expect("guard");
+    // (why, offset in force, span name)
+    let rows = [
+        ("the offset given at build", 2_000_000_000_i64, "before"),
+        ("measured again: 3 s ahead", 3_000_000_000, "after"),
+        ("measured again: 1 s behind", -1_000_000_000, "behind"),
+    ];
+    let mut windows = Vec::new();
+    for (_, offset, name) in rows {
+        guard.set_clock_offset(lens_core::ClockOffset {
+            offset_ns: offset,
+            error_ns: 1_000,
+        });
+        let before = lens_core::clock::system_now_ns() as i64;
+        guard.tracer("t").start(name).end();
+        let after = lens_core::clock::system_now_ns() as i64;
+        guard.force_flush().expect("flushed");
+        windows.push((before, after));
+    }
+    guard.shutdown().expect("exported");
+    let spans = receiver.wait_for(3, Duration::from_secs(10));
+    for ((why, offset, name), (before, after)) in rows.iter().zip(windows) {
+        let span = spans.iter().find(|s| s.name == *name).expect(why);
+        let t = span.start_unix_nano as i64;
+        assert!(
+            t >= before - offset && t <= after - offset,
+            "{why}: start {t} not in [{}, {}]",
+            before - offset,
+            after - offset
+        );
+        assert_eq!(
+            span.resource_int("lens.clock.offset_ns"),
+            Some(2_000_000_000),
+            "{why}: the resource keeps the first"
+        );
+    }
+}
+
 /// A rank whose clock is 2 s ahead of the reference exports its spans on the reference
 /// clock (start, end), unless told not to; the offset is in the resource either way.
 #[test]

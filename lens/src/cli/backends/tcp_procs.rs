@@ -9,9 +9,13 @@
 //! over bare ZeroMQ ROUTER/DEALER sockets (no framing, no authentication).
 //!
 //! The ranks meet twice: lens's group (rank 0's address, a fresh job key), and a
-//! directory and barrier over ZeroMQ at rank 0, whose address rank 0 sends with one lens
-//! broadcast. Every rank binds its raw socket on an ephemeral loopback port and tells rank 0
-//! its endpoint; rank 0 sends the table back, and each rank connects to its tree parent.
+//! directory over ZeroMQ at rank 0, whose address rank 0 sends with one lens broadcast.
+//! Every rank binds its raw socket and its barrier's on ephemeral loopback ports and tells
+//! rank 0 their endpoints; rank 0 sends the table back, and each rank connects to its
+//! parents. The barrier before each round is a tree of fan-out 8 of its own sockets, so
+//! that rank 0, whose CPU is the figure that carries to separate hosts, hears from at most
+//! 8 ranks' barrier messages while its round is timed (a star barrier charged it for every
+//! rank's).
 
 use std::io::{BufRead as _, BufReader, Read};
 use std::process::Command;
@@ -34,35 +38,56 @@ use super::tcp_raw::{
 /// What a rank process prints: its round times and CPU per round, as JSON.
 const RANK_LINE: &str = "lens-bench-rank ";
 
-/// The barrier and directory at rank 0: a ROUTER there, a DEALER on every other rank.
-enum Star {
-    Root { socket: zmq::Socket, n: usize },
-    Member(zmq::Socket),
-}
+/// Fan-out of the barrier's tree: whatever lens's layout, rank 0 hears from at most this
+/// many ranks between rounds, so the barrier adds little to the CPU its round is charged.
+const BARRIER_FAN_OUT: usize = 8;
 
-impl Star {
-    /// Every rank reaches it before any leaves.
-    fn barrier(&self) -> Result<(), String> {
-        match self {
-            Star::Root { socket, n } => {
-                for _ in 1..*n {
-                    wait_in(socket, "barrier")?;
-                    socket.recv_multipart(0).map_err(zerr)?;
-                }
-                for r in 1..*n {
-                    socket
-                        .send_multipart([id(r), b"go".to_vec()], 0)
-                        .map_err(zerr)?;
-                }
-            }
-            Star::Member(socket) => {
-                socket.send(&b"ready"[..], 0).map_err(zerr)?;
-                wait_in(socket, "barrier")?;
-                socket.recv_bytes(0).map_err(zerr)?;
-            }
+/// A barrier over a tree of its own sockets: "ready" up the tree, then "go" down it.
+struct TreeBarrier(RawTree);
+
+impl TreeBarrier {
+    fn wait(&self) -> Result<(), String> {
+        let t = &self.0;
+        for _ in &t.children {
+            wait_in(&t.down, "barrier")?;
+            t.down.recv_multipart(0).map_err(zerr)?;
+        }
+        if let Some(up) = &t.up {
+            up.send(&b"ready"[..], 0).map_err(zerr)?;
+            wait_in(up, "barrier")?;
+            up.recv_bytes(0).map_err(zerr)?;
+        }
+        for &c in &t.children {
+            t.down
+                .send_multipart([id(c), b"go".to_vec()], 0)
+                .map_err(zerr)?;
         }
         Ok(())
     }
+}
+
+/// Rank `rank`'s sockets of a tree of fan-out `k` over `n` ranks: `down` is already bound,
+/// `endpoint(p)` is parent `p`'s address.
+fn tree_of(
+    ctx: &zmq::Context,
+    (rank, n, k): (usize, usize, usize),
+    down: zmq::Socket,
+    endpoint: impl Fn(usize) -> Option<String>,
+) -> Result<RawTree, String> {
+    let up = match rank {
+        0 => None,
+        r => {
+            let ep = endpoint(parent(r, k)).ok_or("no parent in the directory")?;
+            Some(up_to(ctx, r, &ep)?)
+        }
+    };
+    let kids: Vec<usize> = children(rank, n, k).collect();
+    greeted(&down, &kids)?;
+    Ok(RawTree {
+        up,
+        down,
+        children: kids,
+    })
 }
 
 struct ProcRank {
@@ -101,9 +126,13 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
         .map_err(|e| format!("rank {rank}: {e}"))?;
     let ctx = zmq::Context::new();
     let down = socket(&ctx, zmq::ROUTER)?;
-    let mine = bound(&down)?;
-    // The directory: every rank's raw endpoint, through rank 0.
-    let (star, table) = if rank == 0 {
+    let bar_down = socket(&ctx, zmq::ROUTER)?;
+    // This rank's line of the directory: its raw tree's address, then its barrier's.
+    let mine = format!("{} {}", bound(&down)?, bound(&bar_down)?);
+    // The directory: every rank's line, through rank 0 (a star used once).
+    // The directory's socket lives as long as the rank: dropped at once (linger 0), it could
+    // take the table with it before it left.
+    let (table, _directory): (Vec<String>, zmq::Socket) = if rank == 0 {
         let socket = socket(&ctx, zmq::ROUTER)?;
         let at = bound(&socket)?;
         blocking::broadcast(&lens, 0, Some(at.as_bytes())).map_err(|e| e.to_string())?;
@@ -125,7 +154,7 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
                 .send_multipart([id(r), all.clone()], 0)
                 .map_err(zerr)?;
         }
-        (Star::Root { socket, n }, table)
+        (table, socket)
     } else {
         let at = blocking::broadcast(&lens, 0, None).map_err(|e| e.to_string())?;
         let socket = socket(&ctx, zmq::DEALER)?;
@@ -140,29 +169,22 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
             .lines()
             .map(str::to_owned)
             .collect();
-        (Star::Member(socket), table)
+        (table, socket)
     };
-    // The raw tree: each rank greets its parent, each parent waits for its children.
-    let up = match rank {
-        0 => None,
-        r => {
-            let ep = table
-                .get(parent(r, k))
-                .ok_or("no parent in the directory")?;
-            Some(up_to(&ctx, r, ep)?)
-        }
+    let field = |r: usize, i: usize| {
+        table
+            .get(r)
+            .and_then(|l| l.split(' ').nth(i))
+            .map(str::to_owned)
     };
-    let kids: Vec<usize> = children(rank, n, k).collect();
-    greeted(&down, &kids)?;
-    let mut me = ProcRank {
-        lens,
-        raw: RawTree {
-            up,
-            down,
-            children: kids,
-        },
-    };
-    let timed = run_rank(&mut me, &mut || star.barrier(), plan)?;
+    // The raw tree in lens's layout, and the barrier's tree: each rank greets its parent,
+    // each parent waits for its children.
+    let raw = tree_of(&ctx, (rank, n, k), down, |p| field(p, 0))?;
+    let barrier = TreeBarrier(tree_of(&ctx, (rank, n, BARRIER_FAN_OUT), bar_down, |p| {
+        field(p, 1)
+    })?);
+    let mut me = ProcRank { lens, raw };
+    let timed = run_rank(&mut me, &mut || barrier.wait(), plan)?;
     println!(
         "{RANK_LINE}{}",
         json!({"times": timed.times, "cpu_us": timed.cpu_us})
