@@ -290,9 +290,13 @@ pub(crate) fn local_cluster(world_size: usize, timeout: Option<f64>) -> PyResult
 /// `buf` from `root` in place within `timeout` seconds and raise `TimeoutError` past it.
 /// lens runs its slab round on top: one collective of `slab_size` bytes per carrier, a
 /// second only for a carrier that does not fit, and refusal of every round after a failed
-/// one (this rank is then out of step with its peers).
+/// one (this rank is then out of step with its peers). With `gather(value: int, root: int,
+/// timeout: float) -> list[int]` (every rank's value, indexed by rank, on the root) and
+/// `arrivals_every=n`, every n rounds each rank's entry time (wall clock) goes to the root
+/// after the round, so the source's span names the rank that came last.
 #[pyfunction]
-#[pyo3(signature = (collective, rank, world_size, *, timeout=None, slab_size=None))]
+#[pyo3(signature = (collective, rank, world_size, *, timeout=None, slab_size=None, gather=None, arrivals_every=0))]
+#[allow(clippy::too_many_arguments)] // the Python signature: keywords, not a struct
 pub(crate) fn callback_group(
     py: Python<'_>,
     collective: Py<PyAny>,
@@ -300,11 +304,21 @@ pub(crate) fn callback_group(
     world_size: usize,
     timeout: Option<f64>,
     slab_size: Option<usize>,
+    gather: Option<Py<PyAny>>,
+    arrivals_every: u64,
 ) -> PyResult<Group> {
     if !collective.bind(py).is_callable() {
         return Err(PyTypeError::new_err("collective must be callable"));
     }
-    let mut opts = SlabOptions::default();
+    if gather.as_ref().is_some_and(|g| !g.bind(py).is_callable()) {
+        return Err(PyTypeError::new_err("gather must be callable"));
+    }
+    if arrivals_every > 0 && gather.is_none() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "arrivals_every needs a gather callable",
+        ));
+    }
+    let mut opts = SlabOptions::default().arrivals_every(arrivals_every);
     if let Some(t) = timeout {
         opts = opts.timeout(seconds("timeout", t)?);
     }
@@ -315,7 +329,7 @@ pub(crate) fn callback_group(
     let group = SlabGroup::new(
         "python collective",
         *b"LNSP",
-        PyCollective::new(collective),
+        PyCollective::new(collective, gather, world_size),
         (rank, world_size),
         &opts,
     )

@@ -126,6 +126,32 @@ elif mode == "wrong_rank":
                 c = broadcast_trace_context(r - 1, 0)
         out("tp", c["traceparent"], "warnings", sum(issubclass(x.category, RuntimeWarning) for x in w))
     dist.destroy_process_group()
+elif mode == "straggler":
+    # Arrival times gathered every round: rank 2 comes 60 ms late to the second step, and
+    # the source's span names it.
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace import TracerProvider as Provider
+    exporter = InMemorySpanExporter()
+    provider = Provider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    lens_trace.set_group(lens_trace.torch_group(timeout=20, arrivals_every=1))
+    for step in range(2):
+        dist.barrier()
+        if r == 2 and step == 1:
+            time.sleep(0.06)
+        if r == 0:
+            with provider.get_tracer("t").start_as_current_span(f"step{step}"):
+                broadcast_trace_context(r, 0)
+        else:
+            broadcast_trace_context(r, 0)
+    if r == 0:
+        (span,) = [s for s in exporter.get_finished_spans() if s.name == "step1"]
+        out("last", span.attributes.get("lens.round.last_rank"), "spread_ms", span.attributes.get("lens.round.spread_ns", 0) // 1_000_000)
+    else:
+        out("ok")
+    dist.barrier()
+    os._exit(0)
 elif mode == "skip":
     lens_trace.set_group(lens_trace.torch_group(timeout=2))
     if r == 0:
@@ -179,6 +205,13 @@ def test_a_wrong_rank_argument_uses_the_group_s_rank_and_warns_once(procs: Procs
     lines = torch_job(procs, tmp_path, "wrong_rank")
     assert len({line[1] for line in lines}) == 1, lines
     assert [line[3] for line in lines] == ["0"] + ["1"] * (WORLD - 1), lines
+
+
+def test_gathered_arrivals_name_the_straggler_on_the_source_s_span(procs: Procs, tmp_path):
+    lines = torch_job(procs, tmp_path, "straggler", world=3)
+    assert lines[0][:2] == ["last", "2"], lines[0]
+    assert int(lines[0][3]) >= 50, f"rank 2 came 60 ms late: {lines[0]}"
+    assert lines[1:] == [["ok"], ["ok"]]
 
 
 def test_a_source_that_skips_a_step_times_the_others_out_bounded(procs: Procs, tmp_path):

@@ -62,6 +62,7 @@ def torch_group(
     timeout: float = 30.0,
     slab_size: int = DEFAULT_SLAB_SIZE,
     device: Any = None,
+    arrivals_every: int = 0,
 ) -> "_native.Group":
     """A lens group on ``process_group`` (default: the world), any torch backend.
 
@@ -69,6 +70,12 @@ def torch_group(
     (default: ``cuda`` for NCCL groups, ``cpu`` otherwise). After a failed round (a
     timeout) the group refuses later rounds with ``GroupClosed``: this rank is out of step
     with its peers, and the torch group should be torn down.
+
+    ``arrivals_every=n`` (default 0: never): every n rounds each rank's entry time (its
+    wall clock) goes to the source after the broadcast, one ``all_gather`` of an int64
+    per rank, so the source's step span gets ``lens.round.last_rank`` and
+    ``lens.round.spread_ns`` (:mod:`lens_trace.observe`). Such a round waits for every rank
+    on every rank, and ranks on hosts whose clocks differ add their offsets to the spread.
 
     :raises UnavailableError: torch is not installed or ``torch.distributed`` is not
         initialised.
@@ -112,4 +119,18 @@ def torch_group(
         if t is not host:
             host.copy_(t.cpu())
 
-    return _native.callback_group(collective, rank, world_size, timeout=timeout, slab_size=slab_size)
+    def gather(value: int, root: int, left: float) -> "list[int]":
+        mine = torch.tensor([value], dtype=torch.int64, device=device)
+        every = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
+        _wait(dist.all_gather(every, mine, group=pg, async_op=True), left, cpu)
+        return [int(t.item()) for t in every]
+
+    return _native.callback_group(
+        collective,
+        rank,
+        world_size,
+        timeout=timeout,
+        slab_size=slab_size,
+        gather=gather,
+        arrivals_every=arrivals_every,
+    )
