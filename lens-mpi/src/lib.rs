@@ -123,6 +123,7 @@ const VARS: SlabVars = SlabVars {
     slab_size: env::SLAB_SIZE,
     timeout: env::TIMEOUT,
     max_payload: env::MAX_PAYLOAD,
+    arrivals_every: env::ARRIVALS_EVERY,
 };
 
 /// One rank of an MPI communicator, as a [`Broadcaster`].
@@ -173,7 +174,6 @@ impl std::fmt::Debug for MpiBroadcasterBuilder {
 const PERSISTENT: &str = "persistent";
 const DIRECT_MAX: &str = "direct_max";
 const TRANSFER: &str = "transfer";
-const ARRIVALS_EVERY: &str = "arrivals_every";
 
 /// The value of [`env::PERSISTENT`]: on unless it says off.
 fn persistent_from(value: Option<&str>) -> std::result::Result<bool, String> {
@@ -225,18 +225,6 @@ impl MpiBroadcasterBuilder {
             match Transfer::parse(&v) {
                 Ok(t) => b.transfer = t,
                 Err(e) => b.env_errors.note(TRANSFER, e),
-            }
-        }
-        if let Some(v) = var(env::ARRIVALS_EVERY) {
-            match v.trim().parse() {
-                Ok(n) => b.opts = b.opts.arrivals_every(n),
-                Err(_) => b.env_errors.note(
-                    ARRIVALS_EVERY,
-                    format!(
-                        "{} must be a number of rounds, not {v:?}",
-                        env::ARRIVALS_EVERY
-                    ),
-                ),
             }
         }
         b
@@ -303,7 +291,6 @@ impl MpiBroadcasterBuilder {
     /// [`env::ARRIVALS_EVERY`].
     pub fn arrivals_every(mut self, rounds: u64) -> Self {
         self.opts = self.opts.arrivals_every(rounds);
-        self.env_errors.clear(ARRIVALS_EVERY);
         self
     }
 

@@ -47,9 +47,8 @@ pub struct NcclOptions {
     env_errors: EnvErrors,
 }
 
-/// The settings their variables' errors are kept under.
+/// The setting its variable's error is kept under.
 const INIT_TIMEOUT: &str = "init_timeout";
-const ARRIVALS_EVERY: &str = "arrivals_every";
 
 impl Default for NcclOptions {
     fn default() -> Self {
@@ -73,6 +72,7 @@ impl NcclOptions {
             slab_size: env::SLAB_SIZE,
             timeout: env::TIMEOUT,
             max_payload: env::MAX_PAYLOAD,
+            arrivals_every: env::ARRIVALS_EVERY,
         };
         let mut opts = NcclOptions {
             slab: SlabOptions::from_vars(&vars, &get),
@@ -82,18 +82,6 @@ impl NcclOptions {
             match lens_core::backend::parse_timeout_secs(env::INIT_TIMEOUT, &text) {
                 Ok(d) => opts.init_timeout = d,
                 Err(e) => opts.env_errors.note_error(INIT_TIMEOUT, e),
-            }
-        }
-        if let Some(text) = get(env::ARRIVALS_EVERY) {
-            match text.trim().parse() {
-                Ok(n) => opts.slab = opts.slab.arrivals_every(n),
-                Err(_) => opts.env_errors.note(
-                    ARRIVALS_EVERY,
-                    format!(
-                        "{} must be a number of rounds, not {text:?}",
-                        env::ARRIVALS_EVERY
-                    ),
-                ),
             }
         }
         opts
@@ -129,7 +117,6 @@ impl NcclOptions {
     #[must_use]
     pub fn arrivals_every(mut self, rounds: u64) -> Self {
         self.slab = self.slab.arrivals_every(rounds);
-        self.env_errors.clear(ARRIVALS_EVERY);
         self
     }
 

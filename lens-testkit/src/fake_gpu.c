@@ -417,32 +417,28 @@ static size_t type_size(int t) {
     return t >= 0 && t < (int)(sizeof sizes / sizeof sizes[0]) ? sizes[t] : 0;
 }
 
-int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, void *comm, void *stream) {
-    struct comm *c = comm;
-    struct stream *s = stream;
-    size_t bytes = count * type_size(type);
-    if (c == NULL || s == NULL || type_size(type) == 0 || bytes > SLOT) return NCCL_INVALID_ARGUMENT;
-    if (root < 0 || root >= c->g->n) return NCCL_INVALID_ARGUMENT;
-    if (current_ctx == NULL || *(int *)current_ctx != s->device) return NCCL_INVALID_USAGE;
-    if (c->aborted) return NCCL_INVALID_USAGE;
-    if (s->count == QUEUE) return NCCL_SYSTEM_ERROR; /* the fake's queue is short */
+/*
+ * Takes this rank's next collective slot of the group, fresh when no rank has posted to it
+ * yet, with the group's lock held (the caller fills it, then calls posted()).
+ */
+static struct op *take_op(struct comm *c, int gather, size_t bytes, uint64_t *seq) {
     struct group *g = c->g;
     pthread_mutex_lock(&g->mu);
-    uint64_t seq = ++c->seq;
-    struct op *o = &g->ops[seq % RING];
-    if (o->seq != seq) {
-        o->seq = seq;
+    *seq = ++c->seq;
+    struct op *o = &g->ops[*seq % RING];
+    if (o->seq != *seq) {
+        o->seq = *seq;
         o->posted = 0;
-        o->gather = 0;
+        o->gather = gather;
         o->root = -1;
-        o->bytes = 0;
-    }
-    if (c->rank == root) {
-        memcpy(o->data, send, bytes);
-        if (send != recv) memcpy(recv, send, bytes);
-        o->root = root;
         o->bytes = bytes;
     }
+    return o;
+}
+
+/* Counts this rank's post, releases the lock, and queues the result for `recv` on `s`. */
+static int posted(struct comm *c, struct op *o, uint64_t seq, struct stream *s, void *recv, size_t bytes) {
+    struct group *g = c->g;
     if (++o->posted == g->n) g->completed = seq;
     pthread_mutex_unlock(&g->mu);
     struct pending *q = &s->q[(s->head + s->count) % QUEUE];
@@ -455,37 +451,47 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root
     return 0;
 }
 
+/* What every collective checks first: arguments, the current device, the queue. */
+static int check_call(struct comm *c, struct stream *s, size_t bytes) {
+    if (c == NULL || s == NULL || bytes > SLOT) return NCCL_INVALID_ARGUMENT;
+    if (current_ctx == NULL || *(int *)current_ctx != s->device) return NCCL_INVALID_USAGE;
+    if (c->aborted) return NCCL_INVALID_USAGE;
+    if (s->count == QUEUE) return NCCL_SYSTEM_ERROR; /* the fake's queue is short */
+    return 0;
+}
+
+int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, void *comm, void *stream) {
+    struct comm *c = comm;
+    struct stream *s = stream;
+    size_t bytes = count * type_size(type);
+    if (type_size(type) == 0) return NCCL_INVALID_ARGUMENT;
+    int bad = check_call(c, s, bytes);
+    if (bad) return bad;
+    if (root < 0 || root >= c->g->n) return NCCL_INVALID_ARGUMENT;
+    uint64_t seq;
+    struct op *o = take_op(c, 0, 0, &seq);
+    if (c->rank == root) {
+        memcpy(o->data, send, bytes);
+        if (send != recv) memcpy(recv, send, bytes);
+        o->root = root;
+        o->bytes = bytes;
+    }
+    return posted(c, o, seq, s, recv, bytes);
+}
+
 /* Each rank's `count` elements land at its place in every rank's `recv`, in rank order. */
 int ncclAllGather(const void *send, void *recv, size_t count, int type, void *comm, void *stream) {
     struct comm *c = comm;
     struct stream *s = stream;
     size_t each = count * type_size(type);
-    if (c == NULL || s == NULL || type_size(type) == 0 || each * (size_t)c->g->n > SLOT) return NCCL_INVALID_ARGUMENT;
-    if (current_ctx == NULL || *(int *)current_ctx != s->device) return NCCL_INVALID_USAGE;
-    if (c->aborted) return NCCL_INVALID_USAGE;
-    if (s->count == QUEUE) return NCCL_SYSTEM_ERROR;
-    struct group *g = c->g;
-    pthread_mutex_lock(&g->mu);
-    uint64_t seq = ++c->seq;
-    struct op *o = &g->ops[seq % RING];
-    if (o->seq != seq) {
-        o->seq = seq;
-        o->posted = 0;
-        o->gather = 1;
-        o->root = -1;
-        o->bytes = each * (size_t)g->n;
-    }
+    if (type_size(type) == 0 || c == NULL) return NCCL_INVALID_ARGUMENT;
+    size_t all = each * (size_t)c->g->n;
+    int bad = check_call(c, s, all);
+    if (bad) return bad;
+    uint64_t seq;
+    struct op *o = take_op(c, 1, all, &seq);
     memcpy(o->data + each * (size_t)c->rank, send, each);
-    if (++o->posted == g->n) g->completed = seq;
-    pthread_mutex_unlock(&g->mu);
-    struct pending *q = &s->q[(s->head + s->count) % QUEUE];
-    q->c = c;
-    q->seq = seq;
-    q->recv = recv;
-    q->bytes = each * (size_t)g->n;
-    s->count++;
-    s->queued++;
-    return 0;
+    return posted(c, o, seq, s, recv, all);
 }
 
 int ncclCommAbort(void *comm) {

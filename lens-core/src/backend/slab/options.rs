@@ -64,6 +64,7 @@ impl Default for SlabOptions {
 const SLAB_SIZE: &str = "slab_size";
 const TIMEOUT: &str = "timeout";
 const MAX_PAYLOAD: &str = "max_payload";
+const ARRIVALS_EVERY: &str = "arrivals_every";
 
 /// The names of a backend's variables for [`SlabOptions::from_vars`].
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +75,8 @@ pub struct SlabVars {
     pub timeout: &'static str,
     /// Largest payload in bytes.
     pub max_payload: &'static str,
+    /// Rounds between gathers of the ranks' arrival times (`0`: never).
+    pub arrivals_every: &'static str,
 }
 
 impl SlabOptions {
@@ -108,6 +111,7 @@ impl SlabOptions {
     #[must_use]
     pub fn arrivals_every(mut self, rounds: u64) -> Self {
         self.arrivals_every = rounds;
+        self.env_errors.clear(ARRIVALS_EVERY);
         self
     }
 
@@ -129,6 +133,15 @@ impl SlabOptions {
         };
         bytes(SLAB_SIZE, vars.slab_size, &mut opts.slab_size);
         bytes(MAX_PAYLOAD, vars.max_payload, &mut opts.max_payload);
+        if let Some(text) = get(vars.arrivals_every) {
+            match text.trim().parse() {
+                Ok(n) => opts.arrivals_every = n,
+                Err(_) => errors.note(
+                    ARRIVALS_EVERY,
+                    format!("{}={text:?} is not a number of rounds", vars.arrivals_every),
+                ),
+            }
+        }
         if let Some(text) = get(vars.timeout) {
             match parse_timeout_secs(vars.timeout, &text) {
                 Ok(d) => opts.timeout = d,
@@ -172,6 +185,7 @@ mod tests {
         slab_size: "SLAB",
         timeout: "TIMEOUT",
         max_payload: "MAX",
+        arrivals_every: "EVERY",
     };
 
     fn from(vars: &[(&str, &str)]) -> SlabOptions {
@@ -185,7 +199,19 @@ mod tests {
     /// One row per case: (why, variables, the options' check passes, slab size).
     #[test]
     fn from_vars_table() {
-        let rows: [(&str, &[(&str, &str)], bool, usize); 7] = [
+        let rows: [(&str, &[(&str, &str)], bool, usize); 9] = [
+            (
+                "arrivals every 4 rounds",
+                &[("EVERY", "4")],
+                true,
+                DEFAULT_SLAB_SIZE,
+            ),
+            (
+                "arrivals: not a number",
+                &[("EVERY", "often")],
+                false,
+                DEFAULT_SLAB_SIZE,
+            ),
             ("nothing set: the defaults", &[], true, DEFAULT_SLAB_SIZE),
             ("a slab size", &[("SLAB", "1024")], true, 1024),
             ("spaces around it", &[("SLAB", " 64 ")], true, 64),

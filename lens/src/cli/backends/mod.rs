@@ -75,6 +75,30 @@ impl Injected {
     }
 }
 
+/// The faults `--inject` asks of rank `me` of a collective backend, which cannot leave a
+/// rank out (`absent` is refused with `why_not_absent`): a delay, a corrupt payload.
+#[cfg(any(feature = "mpi", all(feature = "nccl", feature = "tcp")))]
+pub(crate) fn collective_faults(
+    specs: &[String],
+    n: usize,
+    me: Option<usize>,
+    why_not_absent: &str,
+) -> Result<Vec<lens::testkit::Fault>, String> {
+    use lens::testkit::{Corruption, Fault};
+    let mut faults = Vec::new();
+    for spec in specs {
+        match Injected::parse(spec, n)? {
+            Injected::Absent(_) => return Err(format!("--inject absent: {why_not_absent}")),
+            Injected::Delay(r, d) if Some(r) == me => faults.push(Fault::Delay(d)),
+            Injected::Corrupt(r) if Some(r) == me => {
+                faults.push(Fault::Corrupt(Corruption::Truncate));
+            }
+            _ => {}
+        }
+    }
+    Ok(faults)
+}
+
 /// Clock exchanges per rank when a demo rank measures its offset from rank 0.
 #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
 const CLOCK_REPETITIONS: usize = 4;

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use lens::mpi::{MpiBroadcaster, MpiBroadcasterBuilder, Transfer};
-use lens::testkit::{Corruption, Fault, Faulty};
+use lens::testkit::Faulty;
 
-use super::{Injected, demo_clock};
+use super::{collective_faults, demo_clock};
 
 use lens::{Broadcaster, Carrier};
 use mpi::topology::SimpleCommunicator;
@@ -43,22 +43,12 @@ impl Backend for Mpi {
         let (rank, size) = (world.rank(), world.size());
         let me = usize::try_from(rank).unwrap_or_default();
         let n = usize::try_from(size).unwrap_or(1);
-        let mut faults = Vec::new();
-        for spec in &args.inject {
-            match Injected::parse(spec, n)? {
-                Injected::Absent(_) => {
-                    return Err(
-                        "--inject absent: under MPI a rank that misses a round leaves the communicator out of step for good; stop a rank's process instead"
-                            .into(),
-                    );
-                }
-                Injected::Delay(r, d) if r == me => faults.push(Fault::Delay(d)),
-                Injected::Corrupt(r) if r == me => {
-                    faults.push(Fault::Corrupt(Corruption::Truncate));
-                }
-                _ => {}
-            }
-        }
+        let faults = collective_faults(
+            &args.inject,
+            n,
+            Some(me),
+            "under MPI a rank that misses a round leaves the communicator out of step for good; stop a rank's process instead",
+        )?;
         // Every round gathers the ranks' arrival times, so each step names its straggler;
         // offsets measured first, so ranks on hosts whose clocks differ compare.
         let group = MpiBroadcaster::builder(world.duplicate())

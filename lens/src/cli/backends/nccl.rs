@@ -23,28 +23,16 @@ impl Backend for Nccl {
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
         use super::super::rank::run_one_rank;
         use super::super::record::{CLOCK_LINE, clock_json};
-        use super::{Injected, demo_clock, tcp};
-        use lens::testkit::{Corruption, Fault, Faulty};
+        use super::{demo_clock, tcp};
+        use lens::testkit::Faulty;
 
         let n = args.world.map_or(args.ranks as usize, |w| w as usize);
-        let mut faults = Vec::new();
-        for spec in &args.inject {
-            match Injected::parse(spec, n)? {
-                Injected::Absent(_) => {
-                    return Err(
-                        "--inject absent: a rank that misses an NCCL collective leaves the communicator stuck (NCCL cannot tell which rank is missing); stop a rank's process instead"
-                            .into(),
-                    );
-                }
-                Injected::Delay(r, d) if Some(r) == args.rank.map(|x| x as usize) => {
-                    faults.push(Fault::Delay(d));
-                }
-                Injected::Corrupt(r) if Some(r) == args.rank.map(|x| x as usize) => {
-                    faults.push(Fault::Corrupt(Corruption::Truncate));
-                }
-                _ => {}
-            }
-        }
+        let faults = super::collective_faults(
+            &args.inject,
+            n,
+            args.rank.map(|r| r as usize),
+            "a rank that misses an NCCL collective leaves the communicator stuck (NCCL cannot tell which rank is missing); stop a rank's process instead",
+        )?;
         let Some(rank) = args.rank else {
             let found = lens::nccl::probe().map_err(|e| e.to_string())?;
             if args.ranks as usize > found.devices {

@@ -5,19 +5,17 @@
 use std::process::Command;
 use std::time::Duration;
 
-use lens::Broadcaster;
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
 use lens::testkit::{Corruption, Fault, Faulty};
-use opentelemetry::Context;
 
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
 use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::OtlpChoice;
 use super::super::launcher;
-use super::super::measure::{BenchRank, Measured, Plan, on_threads};
+use super::super::measure::{Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
 use super::super::record::{CLOCK_LINE, Job, clock_json};
-use super::tcp_raw::{self, RawTree};
+use super::tcp_raw::{self, TcpRank};
 use super::{Injected, demo_clock};
 
 /// Most ranks the bench runs, one thread (and two sockets) each.
@@ -238,19 +236,4 @@ fn lens_group(n: usize, fan_out: Option<usize>) -> Result<Vec<TcpBroadcaster>, S
     })
     .map_err(|e| e.to_string())?;
     Ok(group.ranks)
-}
-
-struct TcpRank {
-    lens: TcpBroadcaster,
-    raw: RawTree,
-}
-
-impl BenchRank for TcpRank {
-    fn group(&self) -> &dyn Broadcaster {
-        &self.lens
-    }
-
-    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
-        self.raw.round(bytes)
-    }
 }

@@ -21,18 +21,17 @@ use std::io::{BufRead as _, BufReader, Read};
 use std::process::Command;
 use std::time::Duration;
 
+use lens::blocking;
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
-use lens::{Broadcaster, blocking};
-use opentelemetry::Context;
 use serde_json::json;
 
 use super::super::args::BenchArgs;
 use super::super::backend::BenchReport;
 use super::super::launcher::{reason_of, run_collect};
-use super::super::measure::{BenchRank, Measured, Plan, Timed, run_rank, slowest};
+use super::super::measure::{Measured, Plan, Timed, run_rank, slowest};
 use super::tcp::{KeyFile, random_hex};
 use super::tcp_raw::{
-    RawTree, bound, children, greeted, id, parent, rank_of, socket, up_to, wait_in, zerr,
+    RawTree, TcpRank, bound, children, greeted, id, parent, rank_of, socket, up_to, wait_in, zerr,
 };
 
 /// What a rank process prints: its round times and CPU per round, as JSON.
@@ -88,21 +87,6 @@ fn tree_of(
         down,
         children: kids,
     })
-}
-
-struct ProcRank {
-    lens: TcpBroadcaster,
-    raw: RawTree,
-}
-
-impl BenchRank for ProcRank {
-    fn group(&self) -> &dyn Broadcaster {
-        &self.lens
-    }
-
-    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
-        self.raw.round(bytes)
-    }
 }
 
 /// This process's rank: joins lens's group and the raw tree, runs `plan`, prints its
@@ -183,7 +167,7 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     let barrier = TreeBarrier(tree_of(&ctx, (rank, n, BARRIER_FAN_OUT), bar_down, |p| {
         field(p, 1)
     })?);
-    let mut me = ProcRank { lens, raw };
+    let mut me = TcpRank { lens, raw };
     let timed = run_rank(&mut me, &mut || barrier.wait(), plan)?;
     println!(
         "{RANK_LINE}{}",

@@ -4,6 +4,28 @@
 //! its children's acks, as lens's does. The same code runs the ranks as threads and as
 //! processes.
 
+use lens::Broadcaster;
+use lens::tcp::TcpBroadcaster;
+use opentelemetry::Context;
+
+use super::super::measure::BenchRank;
+
+/// One rank of the TCP bench: lens's broadcaster, and the raw baseline in the same layout.
+pub(crate) struct TcpRank {
+    pub(crate) lens: TcpBroadcaster,
+    pub(crate) raw: RawTree,
+}
+
+impl BenchRank for TcpRank {
+    fn group(&self) -> &dyn Broadcaster {
+        &self.lens
+    }
+
+    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
+        self.raw.round(bytes)
+    }
+}
+
 /// Longest wait for a peer's message while the sockets form, at a barrier or in a round.
 pub(crate) const WAIT_MS: i64 = 60_000;
 
