@@ -242,8 +242,8 @@ impl TcpConfigBuilder {
     }
 
     /// The group size (environment: `WORLD_SIZE`, `SLURM_NTASKS`, …).
-    pub fn world_size(mut self, n: usize) -> Self {
-        self.world_size = Some(n);
+    pub fn world_size(mut self, world_size: usize) -> Self {
+        self.world_size = Some(world_size);
         self.env_errors.clear("rank");
         self
     }

@@ -16,7 +16,7 @@ pub struct LoopbackGroup {
     pub addr: SocketAddr,
 }
 
-/// Forms a group of `n` ranks in this process: rank 0 on an ephemeral port of 127.0.0.1,
+/// Forms a group of `world_size` ranks in this process: rank 0 on an ephemeral port of 127.0.0.1,
 /// the others joining it, each on a thread of its own. `configure` gets each rank's builder
 /// with its rank, the world size and the address set, and adds the rest (a key, at least).
 ///
@@ -36,17 +36,23 @@ pub struct LoopbackGroup {
 /// # Errors
 /// A configuration error from `configure`'s builder, or the join's error of any rank.
 pub fn loopback_group(
-    n: usize,
+    world_size: usize,
     configure: impl Fn(TcpConfigBuilder) -> TcpConfigBuilder,
 ) -> Result<LoopbackGroup> {
     let config = |rank: usize, addr: &str| -> Result<TcpConfig> {
-        configure(TcpConfig::builder().rank(rank).world_size(n).addr(addr)).build()
+        configure(
+            TcpConfig::builder()
+                .rank(rank)
+                .world_size(world_size)
+                .addr(addr),
+        )
+        .build()
     };
     let hub = TcpBroadcaster::start(config(0, "127.0.0.1:0")?)?;
     let addr = hub
         .local_addr()
         .ok_or_else(|| Error::config("rank 0 has no address"))?;
-    let others = (1..n)
+    let others = (1..world_size)
         .map(|r| TcpBroadcaster::start(config(r, &addr.to_string())?))
         .collect::<Result<Vec<_>>>()?;
     let mut ranks = std::thread::scope(|s| {
