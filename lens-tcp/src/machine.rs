@@ -14,9 +14,9 @@
 //! round, the root's data once its parent answers its knock, an ack to a parent that sends
 //! the data again, the verdict to the rank on the path that sends the root's data again.
 
-use std::time::{Duration, Instant};
-
 use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use crate::message::{MAX_ARRIVALS, Message};
 
@@ -143,7 +143,9 @@ pub(crate) struct RoundMachine {
     mine: Option<Vec<u8>>,
     sent_mine: bool,
     data: Vec<u8>,
-    waiting: Vec<usize>,
+    /// Children sent the data whose ack has not come (a set: rank 0 of a star has N - 1,
+    /// and each ack takes one out).
+    waiting: BTreeSet<usize>,
     unreached: Vec<usize>,
     missing: Vec<usize>,
     ack_deadline: Instant,
@@ -190,7 +192,7 @@ impl RoundMachine {
             mine: None,
             sent_mine: true,
             data: Vec::new(),
-            waiting: Vec::new(),
+            waiting: BTreeSet::new(),
             unreached: Vec::new(),
             missing: Vec::new(),
             ack_deadline: now,
@@ -331,10 +333,9 @@ impl RoundMachine {
                     arrivals,
                 },
             ) if from == From::Rank(sender) => {
-                let Some(at) = self.waiting.iter().position(|&c| c == sender) else {
+                if !self.waiting.remove(&sender) {
                     return false;
-                };
-                self.waiting.remove(at);
+                }
                 // An ack may only speak for the sender's own subtree.
                 let tree = self.tree;
                 if below.iter().any(|&r| !tree.is_below(r, sender)) {
@@ -398,11 +399,11 @@ impl RoundMachine {
             return;
         }
         let before = self.waiting.len() + self.unreached.len();
-        self.waiting.retain(|&w| w != r);
+        self.waiting.remove(&r);
         self.unreached.retain(|&u| u != r);
         if self.waiting.len() + self.unreached.len() < before {
             if links.send(To::Rank(r), &Message::Data(Cow::Borrowed(&self.data))) {
-                self.waiting.push(r);
+                self.waiting.insert(r);
             } else {
                 self.unreached.push(r);
             }
@@ -457,7 +458,8 @@ impl RoundMachine {
             }
             Step::Acks => {
                 let tree = self.tree;
-                for c in self.waiting.drain(..).chain(self.unreached.drain(..)) {
+                let owed = std::mem::take(&mut self.waiting);
+                for c in owed.into_iter().chain(self.unreached.drain(..)) {
                     self.missing.extend(tree.subtree(c));
                 }
                 self.acks_done(links, now);
@@ -477,7 +479,7 @@ impl RoundMachine {
         self.arrivals.push((self.me, self.start));
         for c in self.tree.children(self.me) {
             if links.send(To::Rank(c), &Message::Data(Cow::Borrowed(&data))) {
-                self.waiting.push(c);
+                self.waiting.insert(c);
             } else {
                 tracing::warn!(rank = c, "cannot reach a rank (yet)");
                 self.unreached.push(c);
