@@ -58,7 +58,7 @@ use crate::error::{Error, Result};
 ///     Some(cx.span().span_context().trace_id()),
 /// );
 /// # Ok::<(), lens_core::Error>(())
-/// # }).unwrap();
+/// # }).expect("both ranks of the example's cluster take part");
 /// ```
 pub fn broadcast_trace_context<'a>(
     b: &'a dyn Broadcaster,

@@ -10,8 +10,9 @@
 //! way, takes the slowest rank's time of every round (one `MPI_Allreduce`), and keeps the
 //! way with the lowest median, or direct sends while they are within [`MARGIN_PCT`] percent
 //! of it. Every rank computes the same choice from the same reduced figures. The cost is
-//! paid once: about `3 × (WARMUP + ROUNDS)` rounds and barriers (some tens of
-//! milliseconds at 16 oversubscribed ranks).
+//! paid once: about `3 × (WARMUP + ROUNDS)` rounds and barriers (20 to 40 ms at 16
+//! oversubscribed ranks on 2 cores, the difference between whole `mpirun` jobs built with
+//! `LENS_MPI_TRANSFER=direct` and with the default).
 
 use std::time::{Duration, Instant};
 
@@ -184,7 +185,7 @@ pub(crate) fn measure(
 }
 
 /// A barrier that gives up at `timeout` (a rank that never comes) instead of hanging.
-fn barrier_within(comm: &SimpleCommunicator, timeout: Duration) -> Result<()> {
+pub(crate) fn barrier_within(comm: &SimpleCommunicator, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut request = comm.immediate_barrier();
     let mut spins = 0u32;

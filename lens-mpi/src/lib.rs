@@ -300,12 +300,16 @@ impl MpiBroadcasterBuilder {
         self
     }
 
-    /// The broadcaster.
+    /// The broadcaster. Collective: every rank of the communicator calls it. Ranks meet at
+    /// a barrier polled against the round's deadline first, so a rank that never calls it
+    /// makes the others fail instead of hang; then, by default, the ways of moving the slab
+    /// are measured ([`Transfer::Measured`]).
     ///
     /// # Errors
     /// [`Error::Config`] for a slab no larger than its header or over `i32::MAX` bytes, a
     /// timeout that is zero or over [`lens_core::backend::MAX_TIMEOUT`], or a variable that did not
-    /// parse.
+    /// parse; [`Error::Timeout`] when a rank did not come to the build within the round's
+    /// timeout; [`Error::Mismatch`] (measured way) when the ranks' slab sizes differ.
     pub fn build(self) -> Result<MpiBroadcaster> {
         let (rank, size) = (self.comm.rank(), self.comm.size());
         let only_thread =
@@ -327,10 +331,15 @@ impl MpiBroadcasterBuilder {
         };
         let ranks = Ranks { me: rank, size };
         // Collective, like the rest of build: every rank gets here, or none (the errors
-        // above come from settings every rank shares).
+        // above come from settings every rank shares). A rank that never does makes the
+        // others fail here at the round's deadline; past this barrier every rank is in
+        // `build`, so its blocking collectives below wait for ranks that are there.
+        if me.1 > 1 {
+            self.opts.check(BACKEND)?;
+            choose::barrier_within(&self.comm, self.opts.timeout)?;
+        }
         let (mode, measured) = match self.transfer {
             Transfer::Measured if me.1 > 1 => {
-                self.opts.check(BACKEND)?;
                 let ways = choose::candidates(me.1);
                 choose::measure(&self.comm, ranks, me, &self.opts, &ways)?
             }

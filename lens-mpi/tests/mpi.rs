@@ -25,6 +25,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("slab_size_mismatch", 2, true),
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
+    ("rank_that_never_builds_times_out", 2, false),
     ("arrivals_name_the_straggler", 3, true),
     ("transfer_measured", 4, true),
     // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
@@ -459,6 +460,33 @@ fn rank_main(case: &str) {
                 "round",
             );
             assert_eq!(got, want);
+        }
+        "rank_that_never_builds_times_out" => {
+            // Rank 1 takes part in the communicator's duplication but never builds a
+            // broadcaster: rank 0's build must fail at its deadline, not hang.
+            let comm = world.duplicate();
+            if me == 1 {
+                std::thread::sleep(Duration::from_secs(20));
+                std::process::exit(0);
+            }
+            let started = Instant::now();
+            match MpiBroadcaster::builder(comm)
+                .timeout(Duration::from_secs(1))
+                .build()
+            {
+                Err(Error::Timeout { .. }) if started.elapsed() < Duration::from_secs(5) => {
+                    println!(
+                        "rank 0 timed out as expected after {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    // A barrier is pending: leave without finalising, the launcher ends the job.
+                    std::process::exit(3);
+                }
+                other => panic!(
+                    "rank 0: expected a timeout within 5 s, got {:?}",
+                    other.map(|_| ())
+                ),
+            }
         }
         "skipped_call_times_out" => {
             let b = check(

@@ -37,7 +37,7 @@ pub(crate) trait Device: Send {
     fn upload(&mut self, buf: Buf, bytes: &[u8]) -> Result<()>;
     /// Queues a broadcast of the first `len` bytes of `buf` from `root`, in place.
     fn broadcast(&mut self, buf: Buf, len: usize, root: usize) -> Result<()>;
-    /// Queues an all-gather of `value` (the same length on every rank of the `ranks`):
+    /// Queues an all-gather of `value` (the same length on each of the `ranks` ranks):
     /// once done, [`Buf::Gather`] holds every rank's value in rank order.
     fn all_gather(&mut self, value: &[u8], ranks: usize) -> Result<()>;
     /// Whether everything queued so far has finished (never blocks).

@@ -44,7 +44,7 @@ pub(crate) struct Group {
     /// with a reset connection.
     pub last_answers: Vec<crate::machine::Answer>,
     /// Rank 0: per rank, the last round it took part in (0: none yet), named in a timeout
-    /// beside the missing ranks. Other ranks keep zeros.
+    /// beside the missing ranks. Empty on other ranks, which keep no record.
     pub last_seen: Vec<u64>,
 }
 
@@ -126,7 +126,7 @@ impl Group {
             pending: VecDeque::new(),
             arrivals: Vec::new(),
             last_answers: Vec::new(),
-            last_seen: vec![0; n],
+            last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
         }
     }
 

@@ -115,11 +115,10 @@ impl Group {
             Some(Outcome::Delivered(data)) => Ok(data),
             Some(Outcome::Missing(missing)) => Err(Error::Timeout {
                 after,
-                last_seen: if self.rank == 0 {
-                    missing.iter().map(|&r| (r, self.seen_in(r))).collect()
-                } else {
-                    Vec::new()
-                },
+                last_seen: missing
+                    .iter()
+                    .filter_map(|&r| Some((r, *self.last_seen.get(r)?)))
+                    .collect(),
                 missing,
             }),
             Some(Outcome::WrongRoot(other)) => Err(Error::Mismatch {
@@ -133,11 +132,9 @@ impl Group {
 
     /// Rank 0 records who took part in `round`: it hears from every rank in every round
     /// (their acks, or the root's data), so its record is complete. Other ranks hear from
-    /// a part of the group in some rounds only and keep none, rather than name a stale round.
+    /// a part of the group in some rounds only and keep none (their record is empty),
+    /// rather than name a stale round.
     fn note_seen(&mut self, round: u64, outcome: &Outcome) {
-        if self.rank != 0 {
-            return;
-        }
         let missing: &[usize] = match outcome {
             Outcome::Delivered(_) => &[],
             Outcome::Missing(m) => m,
@@ -148,11 +145,6 @@ impl Group {
                 *seen = round;
             }
         }
-    }
-
-    /// The last round this rank knows `r` took part in (0: none yet).
-    fn seen_in(&self, r: usize) -> u64 {
-        self.last_seen.get(r).copied().unwrap_or(0)
     }
 
     /// A frame that arrived during a round: the machine's if it is of this round and the

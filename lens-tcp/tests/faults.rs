@@ -114,6 +114,21 @@ fn killed_rank_is_named_and_others_are_unharmed() {
     for r in &results[1..] {
         assert_eq!(r.as_deref().expect("live ranks get the data"), b"after");
     }
+    // A later round, after that failure: the live ranks took part in round 11 and 12,
+    // rank 2 still last in round 10.
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
+        blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"later"[..]))
+    });
+    match &results[0] {
+        Err(Error::Timeout {
+            missing, last_seen, ..
+        }) => {
+            assert_eq!(missing, &vec![2]);
+            assert_eq!(last_seen, &vec![(2, 10)], "not the failed round 11");
+        }
+        other => panic!("hub should name rank 2 again, got {other:?}"),
+    }
+    assert_eq!(ranks[0].rounds_started(), Some(12));
 }
 
 #[test]

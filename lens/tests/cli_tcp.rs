@@ -279,21 +279,8 @@ fn tcp_demo_names_the_straggler_in_every_step() {
         DEADLINE,
     );
     assert!(run.ok, "stderr: {}\nstdout: {}", run.stderr, run.stdout);
-    let lines: Vec<&str> = run
-        .stdout
-        .lines()
-        .filter(|l| l.contains("arrivals:"))
-        .collect();
-    assert_eq!(lines.len(), 3, "one per step shown: {}", run.stdout);
-    for l in lines {
-        assert!(l.contains("rank 2 came last"), "{l}");
-        let ms: f64 = l
-            .split("last, ")
-            .nth(1)
-            .and_then(|t| t.split(" ms").next())
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("no spread in {l}"));
-        assert!(ms >= 39.0, "{l}");
+    for ms in common::steps_naming_the_straggler(&run.stdout, 2, 3) {
+        assert!(ms >= 39.0, "a 40 ms delay, spread {ms} ms: {}", run.stdout);
     }
 }
 

@@ -123,7 +123,7 @@ def torch_group(
         mine = torch.tensor([value], dtype=torch.int64, device=device)
         every = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
         _wait(dist.all_gather(every, mine, group=pg, async_op=True), left, cpu)
-        return [int(t.item()) for t in every]
+        return torch.cat(every).cpu().tolist()  # one copy to the host, not one per rank
 
     return _native.callback_group(
         collective,

@@ -41,6 +41,24 @@ pub(crate) fn lens(args: &[&str], deadline: Duration) -> Run {
     lens_with_env(args, &[], deadline)
 }
 
+/// The demo's per-step "arrivals:" lines in `stdout`: asserts one per step, each naming
+/// `rank` as the rank that came last; returns each step's spread in ms.
+pub(crate) fn steps_naming_the_straggler(stdout: &str, rank: usize, steps: usize) -> Vec<f64> {
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains("arrivals:")).collect();
+    assert_eq!(lines.len(), steps, "one per step shown: {stdout}");
+    lines
+        .iter()
+        .map(|l| {
+            assert!(l.contains(&format!("rank {rank} came last")), "{l}");
+            l.split("last, ")
+                .nth(1)
+                .and_then(|t| t.split(" ms").next())
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("no spread in {l}"))
+        })
+        .collect()
+}
+
 impl Run {
     /// Asserts the run failed with a one-line reason on stderr, and returns that line.
     pub(crate) fn failure_line(&self) -> &str {
