@@ -10,6 +10,8 @@ blocks with a gloo barrier before each call:
 - ``nemo_lens``: NeMo Lens's ``broadcast_trace_context`` (where ``nemo-lens`` is installed);
 - ``lens_torch``: lens's over ``torch_group`` (the world group, no group set: the drop-in);
 - ``lens_tcp``: lens's over ``tcp_group``;
+- ``lens_tcp_queued``: the same over ``tcp_group(source_returns="queued")``: the source
+  returns once its data is queued (checked at its next call), as a gloo or MPI root does;
 - ``raw_tcp``: the TCP group's own round of a carrier's bytes (lens_tcp less its Python).
 
 Rank 0 holds a span, so every broadcast carries a traceparent. Prints median and p99 (µs)
@@ -37,6 +39,7 @@ def rank_main(iters: int, blocks: int, warmup: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     tcp = lens_trace.tcp_group()
+    queued = lens_trace.tcp_group(addr=os.environ["LENS_BENCH_QUEUED_ADDR"], source_returns="queued")
     tensor = torch.zeros(256, dtype=torch.uint8)
     modes = [("raw_gloo", lambda: dist.broadcast(tensor, 0))]
     try:
@@ -47,6 +50,7 @@ def rank_main(iters: int, blocks: int, warmup: int) -> None:
         pass
     modes.append(("lens_torch", lambda: lens.broadcast_trace_context(rank, 0)))
     modes.append(("lens_tcp", lambda: lens.broadcast_trace_context(rank, 0, group=tcp)))
+    modes.append(("lens_tcp_queued", lambda: lens.broadcast_trace_context(rank, 0, group=queued)))
     # The TCP group's own round with a carrier's bytes: lens_tcp less the Python around it.
     payload = lens_trace.encode_carrier({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
     modes.append(("raw_tcp", lambda: tcp.broadcast(0, payload if rank == 0 else None)))
@@ -66,6 +70,7 @@ def rank_main(iters: int, blocks: int, warmup: int) -> None:
                     call()
                     samples[name].append((time.perf_counter() - t) * 1e6)
     tcp.close()
+    queued.close()
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
@@ -93,9 +98,9 @@ def main() -> None:
     if a.rank_main:
         rank_main(a.iters, a.blocks, a.warmup)
         return
-    print(f"{'ranks':>5} {'call':>11} {'median_us':>10} {'p99_us':>10}")
+    print(f"{'ranks':>5} {'call':>15} {'median_us':>10} {'p99_us':>10}")
     for n in [int(x) for x in a.ranks.split(",")]:
-        torch_port, lens_port = free_port(), free_port()
+        torch_port, lens_port, queued_port = free_port(), free_port(), free_port()
         procs = []
         for r in range(n):
             env = dict(
@@ -105,6 +110,7 @@ def main() -> None:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(torch_port),
                 LENS_TCP_ADDR=f"127.0.0.1:{lens_port}",
+                LENS_BENCH_QUEUED_ADDR=f"127.0.0.1:{queued_port}",
                 LENS_TCP_KEY="lens-py-bench-key-0123456789abcdef",
                 GLOO_SOCKET_IFNAME="lo",
             )
@@ -122,11 +128,12 @@ def main() -> None:
             sys.exit(1)
         res = json.loads(outs[0][0].strip().splitlines()[-1])
         for name, v in res.items():
-            print(f"{n:>5} {name:>11} {v['median_us']:>10.1f} {v['p99_us']:>10.1f}")
+            print(f"{n:>5} {name:>15} {v['median_us']:>10.1f} {v['p99_us']:>10.1f}")
         raw = res["raw_gloo"]["median_us"]
         line = f"{n:>5} lens_torch / raw_gloo = {res['lens_torch']['median_us'] / raw:.2f}x"
         if "nemo_lens" in res:
             line += f"; nemo_lens / lens_tcp = {res['nemo_lens']['median_us'] / res['lens_tcp']['median_us']:.1f}x"
+            line += f"; nemo_lens / lens_tcp_queued = {res['nemo_lens']['median_us'] / res['lens_tcp_queued']['median_us']:.1f}x"
             line += f"; nemo_lens / lens_torch = {res['nemo_lens']['median_us'] / res['lens_torch']['median_us']:.1f}x"
         print(line, flush=True)
 

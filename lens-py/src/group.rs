@@ -7,7 +7,7 @@ use std::time::Duration;
 use lens_core::backend::slab::{SlabGroup, SlabOptions};
 use lens_core::{Broadcaster, Error, blocking};
 use lens_local::LocalCluster;
-use lens_tcp::{TcpBroadcaster, TcpConfigBuilder};
+use lens_tcp::{SourceReturns, TcpBroadcaster, TcpConfigBuilder};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
@@ -218,8 +218,12 @@ fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
 /// the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `LENS_TCP_KEY_FILE`
 /// or `LENS_TCP_KEY`, `LENS_TCP_TIMEOUT`, ...), each overridden by the argument given.
 /// Blocks, without the GIL, until every rank has joined or the join timeout passes.
+/// `source_returns="queued"` (`LENS_TCP_SOURCE_RETURNS`) makes a source's broadcast return
+/// once its data is queued: a rank missing from that round is named by the source's next
+/// call (or logged when the group closes), and the source's span gets no straggler
+/// attributes; the default `"delivered"` waits for every rank's acknowledgement.
 #[pyfunction]
-#[pyo3(signature = (*, rank=None, world_size=None, addr=None, key=None, timeout=None, join_timeout=None, fan_out=None))]
+#[pyo3(signature = (*, rank=None, world_size=None, addr=None, key=None, timeout=None, join_timeout=None, fan_out=None, source_returns=None))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments, each optional.
 pub(crate) fn tcp_group(
     py: Python<'_>,
@@ -230,6 +234,7 @@ pub(crate) fn tcp_group(
     timeout: Option<f64>,
     join_timeout: Option<f64>,
     fan_out: Option<usize>,
+    source_returns: Option<&str>,
 ) -> PyResult<Group> {
     let mut b = TcpConfigBuilder::from_env();
     if let Some(r) = rank {
@@ -258,6 +263,9 @@ pub(crate) fn tcp_group(
     }
     if let Some(k) = fan_out {
         b = b.fan_out(k);
+    }
+    if let Some(when) = source_returns {
+        b = b.source_returns(SourceReturns::parse(when).py(py)?);
     }
     let config = b.build().py(py)?;
     let deadline = config.timeout();

@@ -1,5 +1,6 @@
 """One rank of a TCP test: joins the group from the environment, then (unless --idle) makes
-one broadcast from rank 0 inside a span, and prints what happened as one JSON line."""
+one broadcast from rank 0 inside a span (two with --twice), and prints what happened as one
+JSON line."""
 
 import json
 import sys
@@ -21,13 +22,17 @@ def outcome() -> dict:
         return {"stage": "idle"}
     tracer = TracerProvider().get_tracer("probe")
     t0 = time.monotonic()
+    done = []
     try:
-        if group.rank == 0:
-            with tracer.start_as_current_span("train_step"):
+        for _ in range(2 if "--twice" in sys.argv else 1):
+            t0 = time.monotonic()
+            if group.rank == 0:
+                with tracer.start_as_current_span("train_step"):
+                    carrier = broadcast_trace_context(group.rank, group=group)
+            else:
                 carrier = broadcast_trace_context(group.rank, group=group)
-        else:
-            carrier = broadcast_trace_context(group.rank, group=group)
-        return {"stage": "broadcast", "carrier": carrier}
+            done.append({"carrier": carrier, "took": time.monotonic() - t0})
+        return {"stage": "broadcast", "carrier": carrier, "done": done}
     except lens_trace.LensError as e:
         return {
             "stage": "broadcast",
@@ -36,6 +41,7 @@ def outcome() -> dict:
             "missing": getattr(e, "missing_ranks", None),
             "waited": time.monotonic() - t0,
             "text": str(e),
+            "done": done,
         }
 
 

@@ -54,6 +54,36 @@ def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(proc
     assert got[1].get("carrier") or got[1].get("error") == "BroadcastTimeout", got[1]
 
 
+def test_a_queued_source_returns_at_once_and_names_the_missing_rank_at_its_next_call(procs: Procs):
+    world, port = 3, free_port()
+    env = {"LENS_TCP_TIMEOUT": "2", "LENS_TCP_SOURCE_RETURNS": "queued"}
+    procs.start(python_cmd("tcp_probe.py", "--twice"), rank_env(0, world, port, **env))
+    procs.start(python_cmd("tcp_probe.py", "--twice"), rank_env(1, world, port, **env))
+    idle = procs.start(python_cmd("tcp_probe.py", "--idle"), rank_env(2, world, port))
+    got = []
+    for p in procs.procs[:2]:
+        text, _ = p.communicate(timeout=60)
+        got.append(last_json(text))
+    idle.kill()
+    root = got[0]
+    # The first call returned once its data was queued (a delivered source waits 2 s for
+    # rank 2 and raises); the second reports the first round's failure.
+    assert len(root["done"]) == 1 and root["done"][0]["carrier"], root
+    assert root["done"][0]["took"] < 0.5, root
+    assert root.get("error") == "BroadcastTimeout" and root["missing"] == [2], root
+    # Rank 1 got both carriers: the source's second round took place before it raised.
+    assert [d["carrier"]["traceparent"][:2] for d in got[1]["done"]] == ["00", "00"], got[1]
+
+
+def test_an_unknown_source_returns_value_is_refused_naming_the_values():
+    import pytest
+
+    import lens_trace
+
+    with pytest.raises(lens_trace.ConfigError, match="delivered"):
+        lens_trace.tcp_group(rank=0, world_size=2, addr="127.0.0.1:1", key=KEY, source_returns="later")
+
+
 def test_a_rank_with_the_wrong_key_never_gets_a_carrier(procs: Procs):
     world, port = 2, free_port()
     procs.start(python_cmd("tcp_probe.py"), rank_env(0, world, port, LENS_TCP_JOIN_TIMEOUT="3"))

@@ -10,7 +10,7 @@ use lens_core::{Broadcaster, Error, Result};
 
 use crate::addr::{is_loopback, resolve};
 use crate::budget::{Descriptors, listen_queue, unproven_cap};
-use crate::config::{TcpConfig, split_host_port};
+use crate::config::{SourceReturns, TcpConfig, split_host_port};
 use crate::frame::{Codec, FRAME_HEADER, MAX_ENDPOINT, NONCE, TAG};
 use crate::group::Group;
 use crate::join::{form_as_hub, join_as_member};
@@ -38,8 +38,9 @@ const FORMING: usize = 32;
 /// configurable arity ([`crate::TcpConfigBuilder::fan_out`]). See the crate docs for the
 /// threat model.
 ///
-/// `broadcast` blocks the calling thread until its round completes or its deadline passes:
-/// with several ranks in one process give each its own thread (with
+/// `broadcast` blocks the calling thread until its round completes or its deadline passes
+/// (a source with [`SourceReturns::Queued`] returns once its data is queued and ends the
+/// round at its next call, [`TcpBroadcaster::flush`] or drop): with several ranks in one process give each its own thread (with
 /// [`lens_core::blocking`]) or a blocking task. Between rounds a thread of the rank's own
 /// (`lens-tcp-keeper-<rank>`, asleep while nothing arrives) serves its connections: a peer
 /// that reconnects is admitted again, and strangers are held to the same limits as during
@@ -50,6 +51,7 @@ pub struct TcpBroadcaster {
     local_rank: Option<usize>,
     timeout: Duration,
     max_payload: usize,
+    queued: bool,
     // Stopped (and joined) before the group is dropped.
     keeper: Keeper,
     group: Arc<Mutex<Group>>,
@@ -181,6 +183,28 @@ impl TcpBroadcaster {
     fn group(&self) -> MutexGuard<'_, Group> {
         lock(&self.group)
     }
+
+    /// With [`SourceReturns::Queued`]: waits until the last round this rank was the source
+    /// of is over (every rank acknowledged it, or its deadline passed), and returns its
+    /// failure. Returns at once when no such round is open (always, with the default
+    /// [`SourceReturns::Delivered`]). Dropping the broadcaster does the same and logs a
+    /// failure.
+    ///
+    /// # Errors
+    /// As [`Broadcaster::broadcast`] for that round: [`Error::Timeout`] naming the ranks
+    /// that did not acknowledge it.
+    pub fn flush(&self) -> Result<()> {
+        self.group().finish_open()
+    }
+}
+
+impl Drop for TcpBroadcaster {
+    fn drop(&mut self) {
+        // The last queued round's data must reach the ranks before the sockets close.
+        if let Err(e) = self.group().finish_open() {
+            tracing::warn!(rank = self.rank, error = %e, "the last round this rank was the source of failed");
+        }
+    }
 }
 
 /// The connections rank `rank` keeps to proven peers. In a star, rank 0 one per rank and
@@ -261,6 +285,7 @@ impl Rendezvous {
             local_rank: self.config.local_rank,
             timeout: self.config.timeout,
             max_payload: self.config.max_payload,
+            queued: self.config.source_returns == SourceReturns::Queued,
             keeper: Keeper::start(Arc::clone(&group), self.config.rank)?,
             group,
         })
@@ -304,8 +329,7 @@ impl Broadcaster for TcpBroadcaster {
             return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
         }
         let mut g = self.group();
-        g.round += 1;
-        let result = g.run_round(root, payload, self.timeout);
+        let result = g.run_round(root, payload, self.timeout, self.queued);
         if result.is_err() && self.rank != 0 {
             // The connection may have been reset without libzmq saying so: prove the key
             // again, so that the next round finds this rank (a no-op when nothing broke).

@@ -41,6 +41,45 @@ pub struct TcpConfig {
     pub(crate) max_payload: usize,
     pub(crate) fan_out: Option<usize>,
     pub(crate) advertise_host: Option<String>,
+    pub(crate) source_returns: SourceReturns,
+}
+
+/// When the source's `broadcast` returns ([`TcpConfigBuilder::source_returns`]).
+///
+/// The frames on the wire are the same either way, so ranks of one group may differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SourceReturns {
+    /// Once every rank has acknowledged the payload (the default): a missing rank fails the
+    /// round it misses on the source too, and the source's span names the round's
+    /// straggler ([`lens_core::Broadcaster::take_arrivals`]).
+    #[default]
+    Delivered,
+    /// Once the payload is queued to the first hop, as `MPI_Bcast`'s root does (the
+    /// members still wait for it). The source checks the acknowledgements at its next call,
+    /// at [`TcpBroadcaster::flush`](crate::TcpBroadcaster::flush), or when it is dropped,
+    /// and that call returns the error of a round that failed (its own round still takes
+    /// place, so the other ranks carry on). The price: a missing rank is named one call
+    /// late on the source, and the source's span gets no straggler attributes (the acks
+    /// that carry them come after it returned).
+    Queued,
+}
+
+impl SourceReturns {
+    /// Parses `delivered` or `queued` (the value of [`env::SOURCE_RETURNS`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the two values.
+    pub fn parse(text: &str) -> Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "delivered" => Ok(SourceReturns::Delivered),
+            "queued" => Ok(SourceReturns::Queued),
+            _ => Err(Error::config(format!(
+                "{}={text:?}: expected \"delivered\" or \"queued\"",
+                env::SOURCE_RETURNS
+            ))),
+        }
+    }
 }
 
 impl fmt::Debug for TcpConfig {
@@ -56,6 +95,7 @@ impl fmt::Debug for TcpConfig {
             .field("max_payload", &self.max_payload)
             .field("fan_out", &self.fan_out)
             .field("advertise_host", &self.advertise_host)
+            .field("source_returns", &self.source_returns)
             .finish()
     }
 }
@@ -106,6 +146,11 @@ impl TcpConfig {
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// When the source's `broadcast` returns.
+    pub fn source_returns(&self) -> SourceReturns {
+        self.source_returns
+    }
 }
 
 /// Builds a [`TcpConfig`]. Settings made in code override the environment.
@@ -122,6 +167,7 @@ pub struct TcpConfigBuilder {
     max_payload: Option<usize>,
     fan_out: Option<usize>,
     advertise_host: Option<String>,
+    source_returns: Option<SourceReturns>,
     /// Malformed environment settings, by field; a setter for the field clears its entry.
     env_errors: EnvErrors,
 }
@@ -137,6 +183,7 @@ impl fmt::Debug for TcpConfigBuilder {
             .field("join_timeout", &self.join_timeout)
             .field("fan_out", &self.fan_out)
             .field("advertise_host", &self.advertise_host)
+            .field("source_returns", &self.source_returns)
             .finish_non_exhaustive()
     }
 }
@@ -148,8 +195,8 @@ impl TcpConfigBuilder {
     /// - rank and world size: [`RankInfo::from_env`];
     /// - key: [`env::KEY`], else the file named by [`env::KEY_FILE`] (see the crate docs
     ///   for the encodings);
-    /// - optional [`env::TIMEOUT`] and [`env::JOIN_TIMEOUT`] (seconds), [`env::FAN_OUT`]
-    ///   and [`env::HOST`].
+    /// - optional [`env::TIMEOUT`] and [`env::JOIN_TIMEOUT`] (seconds), [`env::FAN_OUT`],
+    ///   [`env::HOST`] and [`env::SOURCE_RETURNS`].
     ///
     /// Nothing fails here: a missing or malformed variable is reported by
     /// [`TcpConfigBuilder::build`], naming the variable, unless code sets that field.
@@ -223,6 +270,12 @@ impl TcpConfigBuilder {
             }
         }
         b.advertise_host = text(env::HOST);
+        if let Some(t) = text(env::SOURCE_RETURNS) {
+            match SourceReturns::parse(&t) {
+                Ok(s) => b.source_returns = Some(s),
+                Err(e) => b.env_errors.note_error("source_returns", e),
+            }
+        }
         b
     }
 
@@ -305,6 +358,14 @@ impl TcpConfigBuilder {
         self
     }
 
+    /// When the source's `broadcast` returns (environment: [`env::SOURCE_RETURNS`];
+    /// default [`SourceReturns::Delivered`]): see [`SourceReturns`].
+    pub fn source_returns(mut self, when: SourceReturns) -> Self {
+        self.source_returns = Some(when);
+        self.env_errors.clear("source_returns");
+        self
+    }
+
     /// The configuration.
     ///
     /// # Errors
@@ -376,6 +437,7 @@ impl TcpConfigBuilder {
             max_payload: self.max_payload.unwrap_or(lens_core::DEFAULT_MAX_PAYLOAD),
             fan_out: self.fan_out,
             advertise_host: self.advertise_host,
+            source_returns: self.source_returns.unwrap_or_default(),
         })
     }
 }

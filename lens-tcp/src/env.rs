@@ -19,3 +19,6 @@ pub const JOIN_TIMEOUT: &str = "LENS_TCP_JOIN_TIMEOUT";
 pub const FAN_OUT: &str = "LENS_TCP_FAN_OUT";
 /// The host other ranks reach this rank at, for its tree children.
 pub const HOST: &str = "LENS_TCP_HOST";
+/// When the source's broadcast returns: `delivered` (the default) or `queued`; see
+/// [`SourceReturns`](crate::SourceReturns).
+pub const SOURCE_RETURNS: &str = "LENS_TCP_SOURCE_RETURNS";

@@ -46,6 +46,8 @@ pub(crate) struct Group {
     /// Rank 0: per rank, the last round it took part in (0: none yet), named in a timeout
     /// beside the missing ranks. Empty on other ranks, which keep no record.
     pub last_seen: Vec<u64>,
+    /// The round this rank returned from as a queued source, until it is over.
+    pub open: Option<crate::round::OpenRound>,
 }
 
 pub(crate) use crate::handshake::wire_u32 as wire;
@@ -127,6 +129,7 @@ impl Group {
             arrivals: Vec::new(),
             last_answers: Vec::new(),
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
+            open: None,
         }
     }
 

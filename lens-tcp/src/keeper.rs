@@ -98,7 +98,11 @@ fn run(group: &Mutex<Group>, mut ear: UnixStream, watchers: &[zmq::Socket]) {
             } else {
                 Vec::new()
             };
-            (fds, g.net.next_expiry(), g.net.drained())
+            let wake_at = match (g.net.next_expiry(), g.open_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            (fds, wake_at, g.net.drained())
         };
         if !drained {
             // More is queued than one slice serves: let a round in, then go on.

@@ -54,7 +54,7 @@ mod tree;
 
 pub use broadcaster::{Rendezvous, TcpBroadcaster};
 pub use config::{
-    DEFAULT_JOIN_TIMEOUT, DEFAULT_ROUND_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, TcpConfig,
+    DEFAULT_JOIN_TIMEOUT, DEFAULT_ROUND_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, SourceReturns, TcpConfig,
     TcpConfigBuilder,
 };
 pub use loopback::{LoopbackGroup, loopback_group};

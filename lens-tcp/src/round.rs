@@ -1,6 +1,7 @@
 //! One round: the state machine (`machine.rs`) driven by this rank's connections. Between
 //! rounds the rank serves what arrives ([`Group::serve_idle`]): joins, strangers, frames of
-//! later rounds (kept), and repeats of a finished round (answered again).
+//! later rounds (kept), repeats of a finished round (answered again), and the frames of a
+//! round this rank returned from early as a queued source ([`OpenRound`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -16,6 +17,18 @@ use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 
 /// Frames for later rounds kept while a round is in progress, per group member.
 const PENDING_PER_RANK: usize = 4;
+/// The longest a queued source's next call spends on what has already arrived for its
+/// open round before that round's deadline applies.
+const DRAIN: Duration = Duration::from_millis(50);
+
+/// A round this rank returned from as its root before it was over
+/// ([`crate::SourceReturns::Queued`]): whatever serves the connections feeds it, and the
+/// rank's next call (or a flush) ends it.
+#[derive(Debug)]
+pub(crate) struct OpenRound {
+    m: RoundMachine,
+    root: usize,
+}
 
 /// The machine's links over this rank's connections, for one round's frames.
 struct GroupLinks<'a> {
@@ -61,13 +74,18 @@ impl Group {
         self.send(&conn, bytes).is_ok()
     }
 
-    /// One round on this rank.
+    /// One round on this rank, once the round this rank returned from early (as a queued
+    /// source) is over: that round's failure is returned after this round took part, so
+    /// the other ranks carry on. With `queued`, a source returns once its data is queued.
     pub(crate) fn run_round(
         &mut self,
         root: usize,
         payload: Option<&[u8]>,
         timeout: Duration,
+        queued: bool,
     ) -> Result<Vec<u8>> {
+        let earlier = self.finish_open();
+        self.round += 1;
         let round = self.round;
         let plan = Plan {
             me: self.rank,
@@ -87,23 +105,80 @@ impl Group {
                 self.feed(&mut m, root, conn, f);
             }
         }
+        if queued && root == self.rank && !m.is_over() {
+            self.open = Some(OpenRound { m, root });
+            earlier?;
+            return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
+        }
+        self.drive(&mut m, root)?;
+        let result = self.conclude(m, root);
+        earlier.and(result)
+    }
+
+    /// Ends the round this rank returned from as a queued source, if one is open: what has
+    /// arrived counts even past its deadline (the caller may come back later than that),
+    /// then the round runs to its end. Its failure, if any.
+    pub(crate) fn finish_open(&mut self) -> Result<()> {
+        let Some(OpenRound { mut m, root }) = self.open.take() else {
+            return Ok(());
+        };
+        let until = Instant::now() + DRAIN;
         while !m.is_over() {
-            match self.next(m.deadline())? {
-                Some(Input::Frame(conn, f)) => self.feed(&mut m, root, conn, f),
-                Some(Input::Admitted(r)) => m.on_admitted(&mut self.links(root), r),
-                Some(Input::Proven(side)) => {
-                    let side = if side == Side::Hub {
-                        From::Hub
-                    } else {
-                        From::Parent
-                    };
-                    m.on_proven(&mut self.links(root), side);
-                }
-                Some(Input::KeyHint) | None => {}
+            match self.next_ready(until)? {
+                Some(input) => self.take_input(&mut m, root, input),
+                None => break,
+            }
+        }
+        self.drive(&mut m, root)?;
+        let result = self.conclude(m, root);
+        // Its arrivals would be taken for a later round's.
+        self.arrivals.clear();
+        if let Err(e) = &result {
+            tracing::warn!(round = self.round, error = %e, "a round this rank returned from early (queued) failed");
+        }
+        result.map(drop)
+    }
+
+    /// When the open round (a queued source's) gives up, for the keeper's sleep.
+    pub(crate) fn open_deadline(&self) -> Option<Instant> {
+        self.open
+            .as_ref()
+            .filter(|o| !o.m.is_over())
+            .map(|o| o.m.deadline())
+    }
+
+    /// Feeds the machine until its round is over on this rank.
+    fn drive(&mut self, m: &mut RoundMachine, root: usize) -> Result<()> {
+        while !m.is_over() {
+            if let Some(input) = self.next(m.deadline())? {
+                self.take_input(m, root, input);
             }
             // Also when frames keep coming: the round ends by its deadline whatever arrives.
             m.on_time(&mut self.links(root), Instant::now());
         }
+        Ok(())
+    }
+
+    /// One input for the machine of the round in progress.
+    fn take_input(&mut self, m: &mut RoundMachine, root: usize, input: Input) {
+        match input {
+            Input::Frame(conn, f) => self.feed(m, root, conn, f),
+            Input::Admitted(r) => m.on_admitted(&mut self.links(root), r),
+            Input::Proven(side) => {
+                let side = if side == Side::Hub {
+                    From::Hub
+                } else {
+                    From::Parent
+                };
+                m.on_proven(&mut self.links(root), side);
+            }
+            Input::KeyHint => {}
+        }
+    }
+
+    /// The round's result once it is over on this rank.
+    fn conclude(&mut self, mut m: RoundMachine, root: usize) -> Result<Vec<u8>> {
+        let round = self.round;
         self.last_answers = m.answers().to_vec();
         self.arrivals = m.take_arrivals();
         let after = m.elapsed(Instant::now());
@@ -200,9 +275,21 @@ impl Group {
     /// for at most `budget`, without sleeping. Frames of later rounds are kept for them.
     pub(crate) fn serve_idle(&mut self, budget: Duration) -> Result<()> {
         let until = Instant::now() + budget;
+        let mut open = self.open.take();
+        let served = self.serve_ready(until, open.as_mut());
+        if let Some(o) = open.as_mut() {
+            o.m.on_time(&mut self.links(o.root), Instant::now());
+        }
+        self.open = open;
+        served
+    }
+
+    fn serve_ready(&mut self, until: Instant, mut open: Option<&mut OpenRound>) -> Result<()> {
         while let Some(input) = self.next_ready(until)? {
-            if let Input::Frame(conn, f) = input {
-                self.keep_for_later(conn, f);
+            match (open.as_deref_mut(), input) {
+                (Some(o), input) => self.take_input(&mut o.m, o.root, input),
+                (None, Input::Frame(conn, f)) => self.keep_for_later(conn, f),
+                (None, _) => {}
             }
         }
         Ok(())

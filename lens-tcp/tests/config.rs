@@ -106,6 +106,16 @@ fn environment_table() {
             with(&[], &["RANK", "WORLD_SIZE"]),
             Err("no launcher variables"),
         ),
+        (
+            "source returns queued",
+            with(&[("LENS_TCP_SOURCE_RETURNS", "Queued")], &[]),
+            Ok((2, 4, "10.0.0.1:29500")),
+        ),
+        (
+            "unknown source_returns",
+            with(&[("LENS_TCP_SOURCE_RETURNS", "later")], &[]),
+            Err("LENS_TCP_SOURCE_RETURNS=\"later\": expected \"delivered\" or \"queued\""),
+        ),
     ];
     for (why, vars, want) in rows {
         let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -129,6 +139,50 @@ fn environment_table() {
         }
     }
     let _ = std::fs::remove_file(&key_file);
+}
+
+/// `LENS_TCP_SOURCE_RETURNS` sets the default; code overrides it, and a setter clears a
+/// malformed value.
+#[test]
+fn source_returns_from_the_environment_and_from_code() {
+    use lens_tcp::{SourceReturns, TcpConfigBuilder};
+    let vars = |v: &'static str| {
+        move |k: &str| match k {
+            "RANK" => Some("0".to_owned()),
+            "WORLD_SIZE" => Some("2".to_owned()),
+            "LENS_TCP_ADDR" => Some("127.0.0.1:1".to_owned()),
+            "LENS_TCP_KEY" => Some(KEY.to_owned()),
+            "LENS_TCP_SOURCE_RETURNS" => Some(v.to_owned()),
+            _ => None,
+        }
+    };
+    let built = |b: TcpConfigBuilder| b.build().expect("config").source_returns();
+    assert_eq!(
+        TcpConfig::builder()
+            .rank(0)
+            .world_size(2)
+            .addr("127.0.0.1:1")
+            .key(KEY)
+            .build()
+            .expect("config")
+            .source_returns(),
+        SourceReturns::Delivered,
+        "the default"
+    );
+    assert_eq!(
+        built(TcpConfigBuilder::from_vars(vars(" queued "))),
+        SourceReturns::Queued
+    );
+    assert_eq!(
+        built(TcpConfigBuilder::from_vars(vars("queued")).source_returns(SourceReturns::Delivered)),
+        SourceReturns::Delivered,
+        "code wins over the environment"
+    );
+    assert_eq!(
+        built(TcpConfigBuilder::from_vars(vars("soon")).source_returns(SourceReturns::Queued)),
+        SourceReturns::Queued,
+        "the setter clears a malformed variable"
+    );
 }
 
 #[test]

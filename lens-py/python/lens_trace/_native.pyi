@@ -44,6 +44,7 @@ def tcp_group(
     timeout: Optional[float] = None,
     join_timeout: Optional[float] = None,
     fan_out: Optional[int] = None,
+    source_returns: Optional[str] = None,
 ) -> Group: ...
 def local_cluster(world_size: int, *, timeout: Optional[float] = None) -> List[Group]: ...
 def callback_group(
