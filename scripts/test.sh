@@ -39,8 +39,11 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings (all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "feature matrix: every feature of lens builds alone"
-for features in "" local testkit cli tcp mpi nccl otlp tracing testkit,tracing cli,tcp cli,mpi cli,nccl; do
+step "feature matrix: every feature of the lens library (lens-trace) and of the program builds alone"
+for features in "" local testkit tcp mpi nccl otlp tracing testkit,tracing; do
+  cargo clippy -q -p lens-trace --no-default-features --features "$features" -- -D warnings
+done
+for features in "" tcp mpi nccl; do
   cargo clippy -q -p lens --no-default-features --features "$features" -- -D warnings
 done
 
@@ -87,7 +90,7 @@ if [ "$pyver" = "3.13" ]; then pip_q "nemo-lens==0.1.0"; fi
 # the venv instead of a second download.
 PATH="$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
 # The Rust ranks of the mixed Python/Rust job: cargo puts an example at a fixed path.
-cargo build -q -p lens --all-features --example mixed_rank
+cargo build -q -p lens-trace --all-features --example mixed_rank
 mixed_rank="$PWD/target/debug/examples/mixed_rank"
 [ -x "$mixed_rank" ] || { echo "test.sh: the mixed_rank example was not found at $mixed_rank" >&2; exit 1; }
 LENS_MIXED_RANK_BIN="$mixed_rank" timeout 600 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider lens-py/tests

@@ -83,12 +83,12 @@ def python_cmd(script: str, *args: str) -> List[str]:
 
 @pytest.fixture(scope="session")
 def mixed_rank_bin() -> str:
-    """The Rust rank program (lens/examples/mixed_rank.rs): LENS_MIXED_RANK_BIN, else built
+    """The Rust rank program (lens-trace/examples/mixed_rank.rs): LENS_MIXED_RANK_BIN, else built
     here with cargo."""
     given = os.environ.get("LENS_MIXED_RANK_BIN")
     if given:
         return given
-    cmd = ["cargo", "build", "-q", "-p", "lens", "--all-features", "--example", "mixed_rank", "--message-format=json"]
+    cmd = ["cargo", "build", "-q", "-p", "lens-trace", "--all-features", "--example", "mixed_rank", "--message-format=json"]
     try:
         res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""Finished spans as JSON lines, in the shape lens/examples/mixed_rank.rs writes."""
+"""Finished spans as JSON lines, in the shape lens-trace/examples/mixed_rank.rs writes."""
 
 import json
 from typing import Iterable

@@ -1,4 +1,4 @@
-"""One Python rank of a mixed Python/Rust job: the twin of lens/examples/mixed_rank.rs.
+"""One Python rank of a mixed Python/Rust job: the twin of lens-trace/examples/mixed_rank.rs.
 
 Each step, the step's source rank opens ``train_step`` and broadcasts its context; every
 other rank opens ``pp.stage`` as its child, linked to it. Spans go to --out as JSON lines.

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use lens::testkit::process::Supervised;
 
-#[cfg(feature = "otlp")]
 pub(crate) mod otlp;
 
 pub(crate) struct Run {

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 LENS_TCP_KEY=... \
-//!   cargo run -p lens --features tcp --example mixed_rank -- --steps 4 --sources 0,1 --out spans.jsonl
+//!   cargo run -p lens-trace --features tcp --example mixed_rank -- --steps 4 --sources 0,1 --out spans.jsonl
 //! ```
 #![allow(clippy::print_stderr)]
 

@@ -15,7 +15,10 @@
 //! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
 //! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver (gRPC or HTTP, TLS), with the rank resource and a flushing guard |
 //! | `tracing` | `lens::tracing`: for `tracing` users, broadcast a span's context and open linked `tracing` spans |
-//! | `cli` (default) | the `lens` program: `lens demo`, `lens bench` (with `tcp`: `--backend tcp`) |
+//!
+//! No feature is on by default. This library is the package `lens-trace`, imported as
+//! `lens` (`lens-trace = { version = "0.1", features = ["tcp"] }`); the package `lens` is
+//! the program (`lens demo`, `lens bench`), so a library user's build has none of it.
 //!
 //! This crate re-exports `lens-core`'s user surface by name (the broadcasts, the
 //! [`Broadcaster`] trait, carriers, linked spans, ranks, clock offsets, errors); what a

@@ -3,7 +3,7 @@
 //! `measure_clock_offsets` on every rank at once, and the broadcasts it takes.
 //!
 //! ```text
-//! cargo run --release -p lens --features tcp --example clock_cost
+//! cargo run --release -p lens-trace --features tcp,testkit --example clock_cost
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
