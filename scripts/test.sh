@@ -96,10 +96,11 @@ mixed_rank="$PWD/target/debug/examples/mixed_rank"
 LENS_MIXED_RANK_BIN="$mixed_rank" timeout 600 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider lens-py/tests
 
 step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c)"
-fake_gpu=$(mktemp -d)
+# Built by the test kit (FakeGpu::build, through its example), the one way it is built.
+cargo build -q --workspace --all-features --example fake_gpu
+fake_gpu=$(target/debug/examples/fake_gpu)
 trap 'rm -rf "$fake_gpu"' EXIT
-cc -shared -fPIC -O1 -o "$fake_gpu/libfakegpu.so" lens-testkit/src/fake_gpu.c -lpthread
-for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2 libnvidia-ml.so.1; do ln -s libfakegpu.so "$fake_gpu/$name"; done
+[ -e "$fake_gpu/libcuda.so" ] || { echo "test.sh: no fake GPU in $fake_gpu" >&2; exit 1; }
 # The NCCL tests of the test step above (same flags: nothing rebuilds), with the fake on the
 # loader's path; cargo and rustc load neither libcuda nor libnccl.
 LD_LIBRARY_PATH="$fake_gpu" LENS_FAKE_GPU_DEVICES=2 LENS_FAKE_GPU_DIR="$fake_gpu" \

@@ -126,6 +126,13 @@ impl FakeGpu {
     pub fn apply<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
         cmd.envs(self.env())
     }
+
+    /// The folder, kept past drop (the caller removes it): for a script that starts a
+    /// process with the fake on its loader's path itself.
+    pub fn keep(self) -> PathBuf {
+        let kept = std::mem::ManuallyDrop::new(self);
+        kept.dir.clone()
+    }
 }
 
 impl Drop for FakeGpu {
