@@ -206,9 +206,14 @@ impl MpiBroadcasterBuilder {
     /// that does not parse is reported by [`MpiBroadcasterBuilder::build`] unless code sets
     /// that field.
     pub fn from_env(comm: SimpleCommunicator) -> Self {
-        let var = |name: &str| std::env::var(name).ok();
+        Self::from_vars(comm, |name| std::env::var(name).ok())
+    }
+
+    /// [`MpiBroadcasterBuilder::from_env`] with a custom lookup of the variables (a map, a
+    /// job's launcher file).
+    pub fn from_vars(comm: SimpleCommunicator, var: impl Fn(&str) -> Option<String>) -> Self {
         let mut b = MpiBroadcaster::builder(comm);
-        b.opts = SlabOptions::from_vars(&VARS, var);
+        b.opts = SlabOptions::from_vars(&VARS, &var);
         match persistent_from(var(env::PERSISTENT).as_deref()) {
             Ok(on) => b.persistent = on,
             Err(e) => b.env_errors.note(PERSISTENT, e),

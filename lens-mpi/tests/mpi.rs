@@ -460,6 +460,25 @@ fn rank_main(case: &str) {
                 "round",
             );
             assert_eq!(got, want);
+            // The same settings from a lookup of its own instead of the process's variables.
+            let vars = |k: &str| match k {
+                lens_mpi::env::SLAB_SIZE => Some("128".to_owned()),
+                lens_mpi::env::TRANSFER => Some("ibcast".to_owned()),
+                _ => None,
+            };
+            let b = check(
+                MpiBroadcasterBuilder::from_vars(world.duplicate(), vars).build(),
+                "build",
+            );
+            assert_eq!(
+                (b.slab_size(), b.max_payload()),
+                (128, lens_core::DEFAULT_MAX_PAYLOAD)
+            );
+            assert_eq!(
+                b.transfer(),
+                lens_mpi::Transfer::Ibcast,
+                "the lookup's way was read"
+            );
         }
         "rank_that_never_builds_times_out" => {
             // Rank 1 takes part in the communicator's duplication but never builds a

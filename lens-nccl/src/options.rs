@@ -67,7 +67,9 @@ impl NcclOptions {
         Self::from_vars(|k| std::env::var(k).ok())
     }
 
-    fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+    /// [`NcclOptions::from_env`] with a custom lookup of the variables (a map, a job's
+    /// launcher file).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
         let vars = SlabVars {
             slab_size: env::SLAB_SIZE,
             timeout: env::TIMEOUT,

@@ -22,6 +22,8 @@ use crate::errors::IntoPy as _;
 pub(crate) struct Group {
     /// `None` once closed.
     inner: RwLock<Option<Arc<dyn Broadcaster>>>,
+    /// The same broadcaster when it is a TCP one, for `flush` (cleared by `close` too).
+    tcp: RwLock<Option<Arc<TcpBroadcaster>>>,
     rank: usize,
     world_size: usize,
     backend: &'static str,
@@ -34,6 +36,7 @@ impl Group {
             rank: b.rank(),
             world_size: b.world_size(),
             inner: RwLock::new(Some(b)),
+            tcp: RwLock::new(None),
             backend,
             timeout,
         }
@@ -167,14 +170,34 @@ impl Group {
         Ok(table.iter().map(|c| (c.offset_ns, c.error_ns)).collect())
     }
 
-    /// Leaves the group: later calls on this rank raise `GroupClosed`. Idempotent.
-    fn close(&self, py: Python<'_>) {
+    /// A TCP group made with `source_returns="queued"`: waits, within that round's
+    /// deadline, until the last round this rank was the source of has reached every rank,
+    /// and raises its failure (`BroadcastTimeout` naming the ranks that did not
+    /// acknowledge it). Returns at once for every other group.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let tcp = self.tcp.read().unwrap_or_else(|p| p.into_inner()).clone();
+        match tcp {
+            Some(t) => py.detach(|| t.flush()).py(py),
+            None => Ok(()),
+        }
+    }
+
+    /// Leaves the group: later calls on this rank raise `GroupClosed`. Idempotent. A TCP
+    /// group made with `source_returns="queued"` first flushes (see `flush`) and raises
+    /// the last round's failure after closing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let tcp = self.tcp.write().unwrap_or_else(|p| p.into_inner()).take();
+        let flushed = match &tcp {
+            Some(t) => py.detach(|| t.flush()),
+            None => Ok(()),
+        };
         let taken = {
             let mut guard = self.inner.write().unwrap_or_else(|p| p.into_inner());
             guard.take()
         };
         // A TCP group's sockets close as it drops; let that happen without the GIL.
-        py.detach(move || drop(taken));
+        py.detach(move || drop((taken, tcp)));
+        flushed.py(py)
     }
 
     /// Whether `close()` was called.
@@ -188,8 +211,8 @@ impl Group {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
-        self.close(py);
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.close(py)
     }
 
     fn __repr__(&self) -> String {
@@ -270,7 +293,10 @@ pub(crate) fn tcp_group(
     let config = b.build().py(py)?;
     let deadline = config.timeout();
     let group = py.detach(|| TcpBroadcaster::connect(config)).py(py)?;
-    Ok(Group::new(Arc::new(group), "tcp", Some(deadline)))
+    let group = Arc::new(group);
+    let g = Group::new(Arc::clone(&group) as Arc<dyn Broadcaster>, "tcp", Some(deadline));
+    *g.tcp.write().unwrap_or_else(|p| p.into_inner()) = Some(group);
+    Ok(g)
 }
 
 /// `world_size` ranks in this process, for tests: call each rank's broadcasts from its own

@@ -32,7 +32,10 @@ def outcome() -> dict:
             else:
                 carrier = broadcast_trace_context(group.rank, group=group)
             done.append({"carrier": carrier, "took": time.monotonic() - t0})
-        return {"stage": "broadcast", "carrier": carrier, "done": done}
+        res = {"stage": "broadcast", "carrier": carrier, "done": done}
+        if "--flush" in sys.argv:
+            res.update(flushed(group))
+        return res
     except lens_trace.LensError as e:
         return {
             "stage": "broadcast",
@@ -42,7 +45,21 @@ def outcome() -> dict:
             "waited": time.monotonic() - t0,
             "text": str(e),
             "done": done,
+            **(flushed(group) if "--flush" in sys.argv else {}),
         }
+
+
+def flushed(group) -> dict:
+    """With --flush: what ``group.flush()`` then ``group.close()`` said."""
+    out = {}
+    for step in ("flush", "close"):
+        try:
+            getattr(group, step)()
+            out[step] = "ok"
+        except lens_trace.LensError as e:
+            out[step] = type(e).__name__
+            out[step + "_missing"] = getattr(e, "missing_ranks", None)
+    return out
 
 
 if __name__ == "__main__":

@@ -57,8 +57,8 @@ def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(proc
 def test_a_queued_source_returns_at_once_and_names_the_missing_rank_at_its_next_call(procs: Procs):
     world, port = 3, free_port()
     env = {"LENS_TCP_TIMEOUT": "2", "LENS_TCP_SOURCE_RETURNS": "queued"}
-    procs.start(python_cmd("tcp_probe.py", "--twice"), rank_env(0, world, port, **env))
-    procs.start(python_cmd("tcp_probe.py", "--twice"), rank_env(1, world, port, **env))
+    procs.start(python_cmd("tcp_probe.py", "--twice", "--flush"), rank_env(0, world, port, **env))
+    procs.start(python_cmd("tcp_probe.py", "--twice", "--flush"), rank_env(1, world, port, **env))
     idle = procs.start(python_cmd("tcp_probe.py", "--idle"), rank_env(2, world, port))
     got = []
     for p in procs.procs[:2]:
@@ -73,6 +73,10 @@ def test_a_queued_source_returns_at_once_and_names_the_missing_rank_at_its_next_
     assert root.get("error") == "BroadcastTimeout" and root["missing"] == [2], root
     # Rank 1 got both carriers: the source's second round took place before it raised.
     assert [d["carrier"]["traceparent"][:2] for d in got[1]["done"]] == ["00", "00"], got[1]
+    # The second round is open on the source: flush raises its failure, and close then has
+    # nothing left to report. Rank 1 was never a source.
+    assert (root["flush"], root["flush_missing"], root["close"]) == ("BroadcastTimeout", [2], "ok"), root
+    assert (got[1]["flush"], got[1]["close"]) == ("ok", "ok"), got[1]
 
 
 def test_an_unknown_source_returns_value_is_refused_naming_the_values():
