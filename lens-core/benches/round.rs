@@ -8,7 +8,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use lens_core::backend::slab::{Round, Slab, SlabGroup, SlabOptions, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabBroadcaster, SlabOptions, SlabTransport};
 use lens_core::{Carrier, Result, blocking};
 use opentelemetry::baggage::BaggageExt;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
@@ -43,8 +43,8 @@ fn context() -> Context {
 }
 
 fn bench(c: &mut Criterion) {
-    let group =
-        SlabGroup::new("bench", *b"BNCH", Alone, (0, 1), &SlabOptions::default()).expect("group");
+    let group = SlabBroadcaster::new("bench", *b"BNCH", Alone, (0, 1), &SlabOptions::default())
+        .expect("group");
     let cx = context();
     let bytes = Carrier::from_context(&cx).encode();
     let mut g = c.benchmark_group("round_1_rank");

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lens_core::backend::slab::{HEADER_LEN, Round, Slab, SlabGroup, SlabOptions, SlabTransport};
+use lens_core::backend::slab::{
+    HEADER_LEN, Round, Slab, SlabBroadcaster, SlabOptions, SlabTransport,
+};
 use lens_core::{Broadcaster, Error, Result, blocking};
 use lens_testkit::conformance::{Options, run_threads};
 use lens_testkit::{LocalBroadcaster, LocalCluster};
@@ -66,7 +68,7 @@ fn group(
     n: usize,
     opts: &SlabOptions,
     fail_at: &[Option<usize>],
-) -> (Vec<SlabGroup<Local>>, Arc<AtomicUsize>) {
+) -> (Vec<SlabBroadcaster<Local>>, Arc<AtomicUsize>) {
     let stops = Arc::new(AtomicUsize::new(0));
     let ranks = LocalCluster::new(n)
         .timeout(Duration::from_millis(500))
@@ -80,7 +82,7 @@ fn group(
                 fail_at: fail_at.get(rank).copied().flatten(),
                 stops: Arc::clone(&stops),
             };
-            SlabGroup::new("test", *b"TEST", t, (rank, n), opts).expect("a slab group")
+            SlabBroadcaster::new("test", *b"TEST", t, (rank, n), opts).expect("a slab group")
         })
         .collect();
     (ranks, stops)
@@ -142,7 +144,7 @@ fn bad_options_and_ranks_are_refused() {
         fail_at: None,
         stops: Arc::default(),
     };
-    let r = SlabGroup::new(
+    let r = SlabBroadcaster::new(
         "test",
         *b"TEST",
         transport(),
@@ -150,7 +152,7 @@ fn bad_options_and_ranks_are_refused() {
         &SlabOptions::default().slab_size(HEADER_LEN),
     );
     assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
-    let r = SlabGroup::new(
+    let r = SlabBroadcaster::new(
         "test",
         *b"TEST",
         transport(),

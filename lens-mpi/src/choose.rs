@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use lens_core::backend::slab::{SlabGroup, SlabOptions};
+use lens_core::backend::slab::{SlabBroadcaster, SlabOptions};
 use lens_core::{Error, Result, blocking};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -133,10 +133,10 @@ pub(crate) fn measure(
         .iter()
         .map(|&way| {
             let t = Mpi::new(comm.duplicate(), ranks, way);
-            SlabGroup::new(BACKEND, MAGIC, t, me, &opts)
+            SlabBroadcaster::new(BACKEND, MAGIC, t, me, &opts)
         })
         .collect::<Result<Vec<_>>>()?;
-    let round = |trial: &SlabGroup<Mpi>| -> Result<u64> {
+    let round = |trial: &SlabBroadcaster<Mpi>| -> Result<u64> {
         barrier_within(comm, opts.timeout)?;
         let started = Instant::now();
         blocking::broadcast(trial, 0, mine)?;

@@ -69,7 +69,7 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use lens_core::backend::EnvErrors;
-use lens_core::backend::slab::{self, SlabGroup, SlabOptions, SlabVars};
+use lens_core::backend::slab::{self, SlabBroadcaster, SlabOptions, SlabVars};
 use lens_core::{Broadcaster, Error, Result};
 use mpi::environment::Threading;
 use mpi::topology::SimpleCommunicator;
@@ -128,7 +128,7 @@ const VARS: SlabVars = SlabVars {
 
 /// One rank of an MPI communicator, as a [`Broadcaster`].
 pub struct MpiBroadcaster {
-    group: SlabGroup<Mpi>,
+    group: SlabBroadcaster<Mpi>,
     only_thread: Option<ThreadId>,
     mode: Mode,
     /// What each way cost when the broadcaster was built, where it was measured.
@@ -361,7 +361,7 @@ impl MpiBroadcasterBuilder {
         let local_rank = usize::try_from(self.comm.split_shared(0).rank()).ok();
         let transport = Mpi::new(self.comm, ranks, mode);
         Ok(MpiBroadcaster {
-            group: SlabGroup::new(BACKEND, MAGIC, transport, me, &self.opts)?,
+            group: SlabBroadcaster::new(BACKEND, MAGIC, transport, me, &self.opts)?,
             only_thread,
             mode,
             measured,

@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::nccl::Comm;
 use cudarc::nccl::sys::ncclComm_t;
 use lens_core::backend::check_broadcast_args;
-use lens_core::backend::slab::{Round, Slab, SlabGroup, SlabTransport};
+use lens_core::backend::slab::{Round, Slab, SlabBroadcaster, SlabTransport};
 use lens_core::{Broadcaster, Error, Result};
 
 use crate::NcclOptions;
@@ -108,7 +108,7 @@ impl SlabTransport for Gpu {
 
 /// One rank of an NCCL communicator, one GPU per rank, as a [`Broadcaster`].
 pub struct NcclBroadcaster {
-    group: SlabGroup<Gpu>,
+    group: SlabBroadcaster<Gpu>,
 }
 
 impl std::fmt::Debug for NcclBroadcaster {
@@ -230,7 +230,7 @@ impl NcclBroadcaster {
             world_size,
         };
         Ok(NcclBroadcaster {
-            group: SlabGroup::new(BACKEND, MAGIC, gpu, (rank, world_size), &opts.slab)?,
+            group: SlabBroadcaster::new(BACKEND, MAGIC, gpu, (rank, world_size), &opts.slab)?,
         })
     }
 

@@ -4,7 +4,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use lens_core::backend::slab::{SlabGroup, SlabOptions};
+use lens_core::backend::slab::{SlabBroadcaster, SlabOptions};
 use lens_core::{Broadcaster, Error, blocking};
 use lens_local::LocalCluster;
 use lens_tcp::{SourceReturns, TcpBroadcaster, TcpConfigBuilder};
@@ -294,7 +294,11 @@ pub(crate) fn tcp_group(
     let deadline = config.timeout();
     let group = py.detach(|| TcpBroadcaster::connect(config)).py(py)?;
     let group = Arc::new(group);
-    let g = Group::new(Arc::clone(&group) as Arc<dyn Broadcaster>, "tcp", Some(deadline));
+    let g = Group::new(
+        Arc::clone(&group) as Arc<dyn Broadcaster>,
+        "tcp",
+        Some(deadline),
+    );
     *g.tcp.write().unwrap_or_else(|p| p.into_inner()) = Some(group);
     Ok(g)
 }
@@ -360,7 +364,7 @@ pub(crate) fn callback_group(
         opts = opts.slab_size(s);
     }
     let deadline = opts.timeout;
-    let group = SlabGroup::new(
+    let group = SlabBroadcaster::new(
         "python collective",
         *b"LNSP",
         PyCollective::new(collective, gather, world_size),

@@ -12,10 +12,10 @@ use crate::addr::{is_loopback, resolve};
 use crate::budget::{Descriptors, listen_queue, unproven_cap};
 use crate::config::{SourceReturns, TcpConfig, split_host_port};
 use crate::frame::{Codec, FRAME_HEADER, MAX_ENDPOINT, NONCE, TAG};
-use crate::group::Group;
 use crate::join::{form_as_hub, join_as_member};
 use crate::keeper::{Keeper, lock};
 use crate::net::{Limits, Net, Side};
+use crate::state::RankState;
 use crate::tree::Tree;
 
 /// How long an accepted connection may take to prove the key before it is closed.
@@ -54,7 +54,7 @@ pub struct TcpBroadcaster {
     queued: bool,
     // Stopped (and joined) before the group is dropped.
     keeper: Keeper,
-    group: Arc<Mutex<Group>>,
+    state: Arc<Mutex<RankState>>,
 }
 
 impl std::fmt::Debug for TcpBroadcaster {
@@ -68,7 +68,7 @@ impl std::fmt::Debug for TcpBroadcaster {
 
 /// A TCP group in formation; see [`TcpBroadcaster::start`].
 pub struct Rendezvous {
-    group: Group,
+    state: RankState,
     config: TcpConfig,
     local_addr: Option<SocketAddr>,
 }
@@ -174,14 +174,14 @@ impl TcpBroadcaster {
             net.dial(Side::Hub, addrs[0])?;
         }
         Ok(Rendezvous {
-            group: Group::new(net, rank, n, tree, endpoint),
+            state: RankState::new(net, rank, n, tree, endpoint),
             config,
             local_addr,
         })
     }
 
-    fn group(&self) -> MutexGuard<'_, Group> {
-        lock(&self.group)
+    fn state(&self) -> MutexGuard<'_, RankState> {
+        lock(&self.state)
     }
 
     /// With [`SourceReturns::Queued`]: waits until the last round this rank was the source
@@ -194,23 +194,19 @@ impl TcpBroadcaster {
     /// As [`Broadcaster::broadcast`] for that round: [`Error::Timeout`] naming the ranks
     /// that did not acknowledge it.
     pub fn flush(&self) -> Result<()> {
-        self.group().finish_open()
+        self.state().finish_open()
     }
 }
 
 impl Drop for TcpBroadcaster {
     fn drop(&mut self) {
         // The last queued round's data must reach the ranks before the sockets close.
-        if let Err(e) = self.group().finish_open() {
+        if let Err(e) = self.state().finish_open() {
             tracing::warn!(rank = self.rank, error = %e, "the last round this rank was the source of failed");
         }
     }
 }
 
-/// The connections rank `rank` keeps to proven peers. In a star, rank 0 one per rank and
-/// the others one to rank 0. In a tree, each rank one per tree child and one to its parent;
-/// while the group forms, rank 0 also holds ranks whose parent has not joined yet (counted
-/// as [`FORMING`]), and a rank also its first connection to rank 0.
 /// Rank 0 cannot bind the rendezvous address: say which variables choose it, since under
 /// torchrun `MASTER_PORT` is held by torch's own store.
 fn rendezvous_bind_error(addr: &str, e: Error) -> Error {
@@ -233,6 +229,10 @@ fn rendezvous_bind_error(addr: &str, e: Error) -> Error {
     }
 }
 
+/// The connections rank `rank` keeps to proven peers. In a star, rank 0 one per rank and
+/// the others one to rank 0. In a tree, each rank one per tree child and one to its parent;
+/// while the group forms, rank 0 also holds ranks whose parent has not joined yet (counted
+/// as [`FORMING`]), and a rank also its first connection to rank 0.
 fn peer_connections(tree: Tree, rank: usize) -> usize {
     if tree.is_star() {
         return if rank == 0 {
@@ -269,7 +269,7 @@ impl Rendezvous {
     pub fn finish(mut self) -> Result<TcpBroadcaster> {
         let start = Instant::now();
         let join = self.config.join_timeout;
-        let g = &mut self.group;
+        let g = &mut self.state;
         if g.n > 1 {
             if g.is_hub() {
                 form_as_hub(g, start, join)?;
@@ -278,7 +278,7 @@ impl Rendezvous {
             }
         }
         tracing::debug!(rank = self.config.rank, world = g.n, "TCP group formed");
-        let group = Arc::new(Mutex::new(self.group));
+        let state = Arc::new(Mutex::new(self.state));
         Ok(TcpBroadcaster {
             rank: self.config.rank,
             world_size: self.config.world_size,
@@ -286,8 +286,8 @@ impl Rendezvous {
             timeout: self.config.timeout,
             max_payload: self.config.max_payload,
             queued: self.config.source_returns == SourceReturns::Queued,
-            keeper: Keeper::start(Arc::clone(&group), self.config.rank)?,
-            group,
+            keeper: Keeper::start(Arc::clone(&state), self.config.rank)?,
+            state,
         })
     }
 }
@@ -311,7 +311,7 @@ impl Broadcaster for TcpBroadcaster {
     }
 
     fn rounds_started(&self) -> Option<u64> {
-        Some(self.group().round)
+        Some(self.state().round)
     }
 
     /// Every acknowledgement says how long before it was sent each rank of its sender's
@@ -319,7 +319,7 @@ impl Broadcaster for TcpBroadcaster {
     /// tree level, with no clock offsets needed; a root other than 0 hears it in rank 0's
     /// DONE. In a tree an ack (and a DONE) carries the earliest and the latest few.
     fn take_arrivals(&self) -> Option<Arrivals> {
-        let times = std::mem::take(&mut self.group().arrivals);
+        let times = std::mem::take(&mut self.state().arrivals);
         Arrivals::from_times(times)
     }
 
@@ -328,7 +328,7 @@ impl Broadcaster for TcpBroadcaster {
         if self.world_size == 1 {
             return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());
         }
-        let mut g = self.group();
+        let mut g = self.state();
         let result = g.run_round(root, payload, self.timeout, self.queued);
         if result.is_err() && self.rank != 0 {
             // The connection may have been reset without libzmq saying so: prove the key

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use lens_core::{Error, Result};
 
 use crate::addr::resolve;
-use crate::group::{Group, Input, up_of};
 use crate::handshake::{Answer, Unsent, Up};
 use crate::net::{BACKEND, ConnId, Side};
+use crate::state::{Input, RankState, up_of};
 
 /// A joiner knocks again this often while the server has not answered.
 const KNOCK_RETRY: Duration = Duration::from_secs(1);
@@ -19,7 +19,7 @@ const KNOCK_RETRY: Duration = Duration::from_secs(1);
 /// proved the key is a [`Error::Mismatch`]; otherwise the missing ranks are the error, and
 /// connections that failed the key check are counted beside them (anyone can send one, so
 /// they are not blamed).
-fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+fn join_error(g: &RankState, start: Instant, missing: Vec<usize>) -> Error {
     let bad_key = g.join.diag.bad_key_summary();
     if !bad_key.is_empty() {
         tracing::warn!(?missing, "the group did not form; meanwhile {bad_key}");
@@ -42,10 +42,10 @@ fn join_error(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
 /// Rank 0: admits every rank (the join machine WELCOMEs them: in a star once all have
 /// joined, in a tree each as soon as its parent has), or names the ranks missing at the
 /// deadline to those still connected and to the caller.
-pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+pub(crate) fn form_as_hub(g: &mut RankState, start: Instant, join: Duration) -> Result<()> {
     let deadline = start + join;
     let mut session = [0u8; 8];
-    session.copy_from_slice(&crate::group::nonce()?[..8]);
+    session.copy_from_slice(&crate::state::nonce()?[..8]);
     g.join.begin(u64::from_le_bytes(session));
     let tree = !g.tree.is_star();
     while !g.join.all_joined() {
@@ -83,7 +83,7 @@ pub(crate) fn form_as_hub(g: &mut Group, start: Instant, join: Duration) -> Resu
 /// A member: knocks at rank 0 (again every [`KNOCK_RETRY`] while it has not answered)
 /// until rank 0 WELCOMEs, turns away or gives up; in a tree then leaves rank 0 for its
 /// parent; then waits for its own tree children.
-pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> Result<()> {
+pub(crate) fn join_as_member(g: &mut RankState, start: Instant, join: Duration) -> Result<()> {
     // A little longer than rank 0, to hear rank 0 name the missing ranks.
     let deadline = start + join + join / 4;
     let parent_endpoint = loop {
@@ -156,7 +156,7 @@ pub(crate) fn join_as_member(g: &mut Group, start: Instant, join: Duration) -> R
 
 /// A round may start while this rank still waits for its tree parent or children: keep
 /// its frames for the round.
-fn keep_early_round(g: &mut Group, input: Input) {
+fn keep_early_round(g: &mut RankState, input: Input) {
     if let Input::Frame(conn, f) = input {
         let session = g.session();
         if session != 0 && f.session == session && f.round > 0 {
@@ -167,7 +167,7 @@ fn keep_early_round(g: &mut Group, input: Input) {
 
 /// The next input, knocking at `side` again every [`KNOCK_RETRY`] while it has not proven
 /// itself (a lost knock, a server that came up late).
-fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<Input>> {
+fn next_knocking(g: &mut RankState, side: Side, deadline: Instant) -> Result<Option<Input>> {
     loop {
         let retry = (Instant::now() + KNOCK_RETRY).min(deadline);
         if let Some(input) = g.next(retry)? {
@@ -182,7 +182,7 @@ fn next_knocking(g: &mut Group, side: Side, deadline: Instant) -> Result<Option<
     }
 }
 
-fn member_timeout(g: &Group, start: Instant, missing: Vec<usize>) -> Error {
+fn member_timeout(g: &RankState, start: Instant, missing: Vec<usize>) -> Error {
     if g.join.diag.notes.is_empty() {
         return Error::timeout(start.elapsed(), missing);
     }

@@ -27,18 +27,18 @@ use std::time::{Duration, Instant};
 
 use lens_core::{Error, Result};
 
-use crate::group::Group;
 use crate::net::BACKEND;
+use crate::state::RankState;
 
 /// The longest the keeper holds the lock at a time: a round waits at most this long for it.
 pub(crate) const SLICE: Duration = Duration::from_micros(500);
 /// The keeper looks at the sockets at least this often, even when no descriptor signals.
 const MAX_SLEEP: Duration = Duration::from_millis(250);
 
-pub(crate) fn lock(group: &Mutex<Group>) -> MutexGuard<'_, Group> {
+pub(crate) fn lock(state: &Mutex<RankState>) -> MutexGuard<'_, RankState> {
     // A panic elsewhere while holding the lock leaves the group as consistent as any
     // failed round does: the next round starts over.
-    group.lock().unwrap_or_else(|e| e.into_inner())
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The keeper of one rank; stops (and is joined) when dropped.
@@ -50,8 +50,8 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
-    pub(crate) fn start(group: Arc<Mutex<Group>>, rank: usize) -> Result<Keeper> {
-        let watchers = lock(&group).net.watch()?;
+    pub(crate) fn start(state: Arc<Mutex<RankState>>, rank: usize) -> Result<Keeper> {
+        let watchers = lock(&state).net.watch()?;
         let (bell, ear) = UnixStream::pair()
             .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
         ear.set_nonblocking(true)
@@ -60,7 +60,7 @@ impl Keeper {
             .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
         let thread = std::thread::Builder::new()
             .name(format!("lens-tcp-keeper-{rank}"))
-            .spawn(move || run(&group, ear, &watchers))
+            .spawn(move || run(&state, ear, &watchers))
             .map_err(|e| Error::transport(BACKEND, "cannot start the keeper thread", e))?;
         Ok(Keeper {
             bell: Some(bell),
@@ -86,10 +86,10 @@ impl Drop for Keeper {
     }
 }
 
-fn run(group: &Mutex<Group>, mut ear: UnixStream, watchers: &[zmq::Socket]) {
+fn run(state: &Mutex<RankState>, mut ear: UnixStream, watchers: &[zmq::Socket]) {
     loop {
         let (fds, wake_at, drained) = {
-            let mut g = lock(group);
+            let mut g = lock(state);
             if let Err(e) = g.serve_idle(SLICE) {
                 tracing::warn!(error = %e, "the keeper could not serve the connections");
             }

@@ -40,7 +40,6 @@ mod config;
 mod diag;
 pub mod env;
 mod frame;
-mod group;
 mod handshake;
 mod join;
 mod keeper;
@@ -50,6 +49,7 @@ mod machine;
 mod message;
 mod net;
 mod round;
+mod state;
 mod tree;
 
 pub use broadcaster::{Rendezvous, TcpBroadcaster};

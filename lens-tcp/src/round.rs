@@ -1,5 +1,5 @@
 //! One round: the state machine (`machine.rs`) driven by this rank's connections. Between
-//! rounds the rank serves what arrives ([`Group::serve_idle`]): joins, strangers, frames of
+//! rounds the rank serves what arrives ([`RankState::serve_idle`]): joins, strangers, frames of
 //! later rounds (kept), repeats of a finished round (answered again), and the frames of a
 //! round this rank returned from early as a queued source ([`OpenRound`]).
 
@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use lens_core::{Error, Result};
 
 use crate::frame::{Frame, Kind};
-use crate::group::{Group, Input};
 use crate::message::Message;
 use crate::net::{ConnId, Side};
+use crate::state::{Input, RankState};
 
 use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 
@@ -32,7 +32,7 @@ pub(crate) struct OpenRound {
 
 /// The machine's links over this rank's connections, for one round's frames.
 struct GroupLinks<'a> {
-    g: &'a mut Group,
+    g: &'a mut RankState,
     round: u64,
     root: usize,
 }
@@ -52,7 +52,7 @@ fn from_of(conn: &ConnId, sender: u32) -> From {
     }
 }
 
-impl Group {
+impl RankState {
     fn links(&mut self, root: usize) -> GroupLinks<'_> {
         let round = self.round;
         GroupLinks {

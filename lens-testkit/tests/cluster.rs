@@ -311,10 +311,12 @@ async fn the_step_span_names_the_straggler() {
     let Some(Value::I64(spread)) = attr(keys::SPREAD_NS) else {
         panic!("no spread on {step:?}");
     };
-    // Rank 2 came 150 ms after ranks 1 and 3 (the delay is a lower bound; a loaded machine
-    // adds to it).
+    // Rank 2 came 150 ms after ranks 1 and 3 (a loaded machine adds to it). The delays
+    // count from each rank's own start, and the first rank to come may have started a
+    // little after the delayed one, so a measured delay may fall short of its sleep by that
+    // much (one run measured rank 0's 50 ms as 49.99): 10 ms of slack.
     assert!(
-        (150_000_000..1_000_000_000).contains(&spread),
+        (140_000_000..1_000_000_000).contains(&spread),
         "spread {spread} ns"
     );
     let late: Vec<(i64, i64)> = step
@@ -338,7 +340,7 @@ async fn the_step_span_names_the_straggler() {
         vec![2, 0],
         "latest first, punctual ranks not named: {late:?}"
     );
-    assert!(late[1].1 >= 50_000_000, "rank 0 came 50 ms late: {late:?}");
+    assert!(late[1].1 >= 40_000_000, "rank 0 came 50 ms late: {late:?}");
     // Other ranks' spans carry nothing of it: only the source knows.
     for rank in 1..4 {
         for span in report.spans(rank) {

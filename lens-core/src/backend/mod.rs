@@ -5,7 +5,7 @@
 //! [`check_broadcast_args`] before any communication, and passes the conformance suite of
 //! `lens-testkit` (`lens_testkit::conformance`). A backend whose transport is one collective
 //! of a buffer from a root implements [`slab::SlabTransport`] and gets the round, the
-//! deadline, the spill and the refusal after a failure from [`slab::SlabGroup`].
+//! deadline, the spill and the refusal after a failure from [`slab::SlabBroadcaster`].
 
 use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};

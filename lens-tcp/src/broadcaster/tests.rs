@@ -52,7 +52,7 @@ fn replayed_frames_are_dropped() {
         assert_eq!(round(&hub, &member, 1, &[r; 8]), (vec![r; 8], vec![r; 8]));
     }
     {
-        let mut g = member.group();
+        let mut g = member.state();
         let session = g.session();
         let codec = g.net.codec().clone();
         // Round 2's data again, word for word, and a frame of another session.
@@ -90,7 +90,7 @@ fn knocking_again_is_harmless() {
         round(&hub, &member, 0, b"one"),
         (b"one".to_vec(), b"one".to_vec())
     );
-    member.group().knock(Side::Hub).expect("knock");
+    member.state().knock(Side::Hub).expect("knock");
     for r in 0..5u8 {
         assert_eq!(
             round(&hub, &member, usize::from(r % 2), &[r; 3]),
@@ -128,7 +128,7 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
     });
     {
         // Rank 1's ack for the next round, sent early, naming rank 2 as missing.
-        let mut g = ranks[1].group();
+        let mut g = ranks[1].state();
         let forged = g.frame(
             &Message::Ack {
                 missing: vec![2],

@@ -3,7 +3,7 @@
 //! a second collective that every rank sizes from the header.
 //!
 //! A backend implements [`SlabTransport`] (one collective of a buffer from a root, finished
-//! by a deadline) and wraps it in a [`SlabGroup`], which is a [`Broadcaster`]: it checks the
+//! by a deadline) and wraps it in a [`SlabBroadcaster`], which is a [`Broadcaster`]: it checks the
 //! arguments, runs the round, and after any failure part-way (a timeout, a foreign or
 //! mismatched header, a transport error) stops the transport once and refuses every later
 //! round with [`Error::Closed`], since this rank is then out of step with its peers.
@@ -180,7 +180,7 @@ struct State<T> {
 
 /// A [`Broadcaster`] over a [`SlabTransport`]: the slab round, its deadline and the refusal
 /// after a failure, written once for every collective backend.
-pub struct SlabGroup<T> {
+pub struct SlabBroadcaster<T> {
     state: Mutex<State<T>>,
     backend: &'static str,
     format: SlabFormat,
@@ -192,9 +192,9 @@ pub struct SlabGroup<T> {
     clock_offset_ns: AtomicI64,
 }
 
-impl<T> std::fmt::Debug for SlabGroup<T> {
+impl<T> std::fmt::Debug for SlabBroadcaster<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlabGroup")
+        f.debug_struct("SlabBroadcaster")
             .field("backend", &self.backend)
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
@@ -204,7 +204,7 @@ impl<T> std::fmt::Debug for SlabGroup<T> {
     }
 }
 
-impl<T: SlabTransport> SlabGroup<T> {
+impl<T: SlabTransport> SlabBroadcaster<T> {
     /// Rank `rank` of `world_size` over `transport`; `magic` marks this backend's slabs.
     ///
     /// # Errors
@@ -222,7 +222,7 @@ impl<T: SlabTransport> SlabGroup<T> {
                 "rank {rank} is outside a group of {world_size}"
             )));
         }
-        Ok(SlabGroup {
+        Ok(SlabBroadcaster {
             state: Mutex::new(State {
                 transport,
                 slab: Slab::new(opts.slab_size),
@@ -291,7 +291,7 @@ impl<T: SlabTransport> SlabGroup<T> {
         self.locked_as(root, true, f)
     }
 
-    /// [`SlabGroup::locked`]; `counted`: whether it is a round of the caller's (an
+    /// [`SlabBroadcaster::locked`]; `counted`: whether it is a round of the caller's (an
     /// arrivals gather is not).
     fn locked_as<R>(
         &self,
@@ -392,7 +392,7 @@ impl<T: SlabTransport> SlabGroup<T> {
 }
 
 #[async_trait::async_trait]
-impl<T: SlabTransport> Broadcaster for SlabGroup<T> {
+impl<T: SlabTransport> Broadcaster for SlabBroadcaster<T> {
     fn rank(&self) -> usize {
         self.rank
     }

@@ -27,7 +27,7 @@ pub(crate) enum Input {
     Proven(Side),
 }
 
-pub(crate) struct Group {
+pub(crate) struct RankState {
     pub net: Net,
     pub rank: usize,
     pub n: usize,
@@ -116,9 +116,9 @@ impl Wire<ConnId> for NetWire<'_> {
     }
 }
 
-impl Group {
-    pub(crate) fn new(net: Net, rank: usize, n: usize, tree: Tree, endpoint: String) -> Group {
-        Group {
+impl RankState {
+    pub(crate) fn new(net: Net, rank: usize, n: usize, tree: Tree, endpoint: String) -> RankState {
+        RankState {
             net,
             rank,
             n,
