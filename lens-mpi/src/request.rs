@@ -70,9 +70,11 @@ fn bcast_init() -> Option<BcastInit> {
 }
 
 /// An MPI call that failed: its name, its error code and the library's text for the code
-/// (`MPI_Error_string`). Kept as the `source` of the [`Error::Transport`] lens returns.
+/// (`MPI_Error_string`). Kept as the `source` of the [`Error::Transport`] lens returns,
+/// whose message names the call; this error's text is the code and what it means, so a
+/// printed chain says each once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed with MPI error {code}: {text}")]
+#[error("MPI error {code}: {text}")]
 pub struct MpiError {
     /// The MPI function.
     pub call: String,
@@ -490,10 +492,9 @@ mod error_tests {
         assert!(!cause.text.is_empty());
         // The cause is printed once: in the source, not again in the message.
         assert_eq!(e.to_string().matches("13").count(), 0, "{e}");
-        assert!(
-            cause
-                .to_string()
-                .contains("MPI_Ibcast failed with MPI error 13")
-        );
+        assert!(cause.to_string().starts_with("MPI error 13: "), "{cause}");
+        // The whole chain, as Python and `{:#}` reports print it, names the call once.
+        let chain = format!("{e}: {cause}");
+        assert_eq!(chain.matches("MPI_Ibcast").count(), 1, "{chain}");
     }
 }

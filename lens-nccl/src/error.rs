@@ -4,7 +4,9 @@ use lens_core::Error;
 
 use crate::probe::BACKEND;
 
-/// An NCCL call's result code, kept as the source of the [`Error::Transport`] it caused.
+/// An NCCL call's result code, kept as the source of the [`Error::Transport`] it caused,
+/// whose message names the call; this error's text is the result, so a printed chain says
+/// each once.
 ///
 /// ```
 /// # fn check(e: &lens_core::Error) {
@@ -25,7 +27,7 @@ pub struct NcclResult {
 
 impl std::fmt::Display for NcclResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NCCL result {} (code {})", self.name, self.code)
+        write!(f, "{} (code {})", self.name, self.code)
     }
 }
 
@@ -38,7 +40,7 @@ pub(crate) fn nccl_err(what: &str, e: cudarc::nccl::result::NcclError) -> Error 
     };
     Error::Transport {
         backend: BACKEND,
-        message: format!("{what} failed with {result}"),
+        message: format!("{what} failed"),
         source: Some(Box::new(result)),
     }
 }
@@ -46,7 +48,7 @@ pub(crate) fn nccl_err(what: &str, e: cudarc::nccl::result::NcclError) -> Error 
 pub(crate) fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     Error::Transport {
         backend: BACKEND,
-        message: format!("{what} failed with CUDA error {:?}", e.0),
+        message: format!("{what} failed"),
         source: Some(Box::new(e)),
     }
 }

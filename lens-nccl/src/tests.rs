@@ -170,12 +170,20 @@ fn nccl_failures_keep_their_result_code() {
         "ncclBroadcast",
         cudarc::nccl::result::NcclError(ncclResult_t::ncclInternalError),
     );
-    assert!(e.to_string().contains("ncclInternalError (code 3)"), "{e}");
     let kept = e
         .source()
         .and_then(|s| s.downcast_ref::<NcclResult>())
         .expect("the NCCL result is the source");
     assert_eq!(kept.code, 3);
+    // The printed chain (as Python and `{:#}` reports show it) says the call and the
+    // result once each.
+    let chain = format!("{e}: {kept}");
+    assert_eq!(chain.matches("ncclBroadcast").count(), 1, "{chain}");
+    assert_eq!(
+        chain.matches("ncclInternalError (code 3)").count(),
+        1,
+        "{chain}"
+    );
 }
 
 #[test]

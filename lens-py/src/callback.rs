@@ -35,7 +35,7 @@ impl PyCollective {
         }
         Error::Transport {
             backend: "python collective",
-            message: e.to_string(),
+            message: "the collective raised".to_owned(),
             source: Some(Box::new(e)),
         }
     }

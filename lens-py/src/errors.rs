@@ -54,7 +54,10 @@ fn build(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     let module = py.import("lens_trace.errors")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("kind", kind)?;
-    kwargs.set_item("detail", detail(e))?;
+    // The message is the whole chain: a traceback shows only the message, and the cause
+    // (the OS's or the library's answer) is in the chain's tail.
+    let text = detail(e);
+    kwargs.set_item("detail", &text)?;
     if let Error::Timeout {
         after,
         missing,
@@ -72,9 +75,7 @@ fn build(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     if let Error::SourceFailed { root } = e {
         kwargs.set_item("source_rank", *root)?;
     }
-    let instance = module
-        .getattr(class)?
-        .call((e.to_string(),), Some(&kwargs))?;
+    let instance = module.getattr(class)?.call((text,), Some(&kwargs))?;
     Ok(PyErr::from_value(instance))
 }
 

@@ -5,16 +5,20 @@ use std::net::{SocketAddr, ToSocketAddrs as _};
 use lens_core::{Error, Result};
 
 use crate::config::split_host_port;
-use crate::net::BACKEND;
+use crate::error::TcpError;
 
 /// Every address `host:port` resolves to (IPv4 and IPv6), in the resolver's order.
 pub(crate) fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
     let (host, port) = split_host_port(addr)
         .ok_or_else(|| Error::config(format!("address {addr:?} is not host:port")))?;
     let mut out: Vec<SocketAddr> = Vec::new();
-    let found = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Error::transport(BACKEND, format!("cannot resolve {host}"), e))?;
+    let found = (host, port).to_socket_addrs().map_err(|io| {
+        TcpError::Resolve {
+            host: host.to_owned(),
+            io,
+        }
+        .into_error(format!("cannot resolve {host}"))
+    })?;
     for a in found {
         if !out.contains(&a) {
             out.push(a);

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use lens_core::{Error, Result};
 
 use crate::addr::resolve;
+use crate::error::BACKEND;
 use crate::handshake::{Answer, Unsent, Up};
-use crate::net::{BACKEND, ConnId, Side};
+use crate::net::{ConnId, Side};
 use crate::state::{Input, RankState, up_of};
 
 /// A joiner knocks again this often while the server has not answered.

@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lens_core::{Error, Result};
+use lens_core::Result;
 
-use crate::net::BACKEND;
+use crate::error::setup_err;
 use crate::state::RankState;
 
 /// The longest the keeper holds the lock at a time: a round waits at most this long for it.
@@ -52,16 +52,16 @@ pub(crate) struct Keeper {
 impl Keeper {
     pub(crate) fn start(state: Arc<Mutex<RankState>>, rank: usize) -> Result<Keeper> {
         let watchers = lock(&state).net.watch()?;
-        let (bell, ear) = UnixStream::pair()
-            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+        let (bell, ear) =
+            UnixStream::pair().map_err(setup_err("make the keeper's wake-up pair"))?;
         ear.set_nonblocking(true)
-            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+            .map_err(setup_err("make the keeper's wake-up pair"))?;
         bell.set_nonblocking(true)
-            .map_err(|e| Error::transport(BACKEND, "cannot make the keeper's wake-up pair", e))?;
+            .map_err(setup_err("make the keeper's wake-up pair"))?;
         let thread = std::thread::Builder::new()
             .name(format!("lens-tcp-keeper-{rank}"))
             .spawn(move || run(&state, ear, &watchers))
-            .map_err(|e| Error::transport(BACKEND, "cannot start the keeper thread", e))?;
+            .map_err(setup_err("start the keeper thread"))?;
         Ok(Keeper {
             bell: Some(bell),
             thread: Some(thread),

@@ -10,6 +10,9 @@
 //! The threat model (what a stranger, the network and a buggy insider can and cannot do,
 //! and what travels in clear) is in the project README, section "Threat model".
 //!
+//! A socket, thread or resolver call that fails is a [`lens_core::Error::Transport`] whose
+//! source is a [`TcpError`] (which kind of call, and the system's answer).
+//!
 //! Each rank has a thread of its own (`lens-tcp-keeper-<rank>`) that serves its connections
 //! while no round runs, so the limits on strangers hold between rounds too. Unix only (it
 //! sleeps in `poll(2)` on descriptors).
@@ -39,6 +42,7 @@ mod budget;
 mod config;
 mod diag;
 pub mod env;
+mod error;
 mod frame;
 mod handshake;
 mod join;
@@ -57,6 +61,7 @@ pub use config::{
     DEFAULT_JOIN_TIMEOUT, DEFAULT_ROUND_TIMEOUT, MAX_WORLD, MIN_KEY_LEN, SourceReturns, TcpConfig,
     TcpConfigBuilder,
 };
+pub use error::TcpError;
 pub use loopback::{LoopbackGroup, loopback_group};
 
 /// For the fuzz target: whether the frame decoder accepts `bytes` under `key`.

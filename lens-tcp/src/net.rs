@@ -19,12 +19,10 @@ use lens_core::{Error, Result};
 
 use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Reassembler, Reject};
 
-pub(crate) const BACKEND: &str = "tcp";
+use crate::error::TcpError;
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
-pub(crate) fn zmq_err(what: &str) -> impl FnOnce(zmq::Error) -> Error + '_ {
-    move |e| Error::transport(BACKEND, what.to_owned(), e)
-}
+pub(crate) use crate::error::socket_err as zmq_err;
 
 /// Which socket a connection lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -235,7 +233,9 @@ impl Net {
         }
         if bound.is_empty() {
             return Err(match last_err {
-                Some((a, e)) => Error::transport(BACKEND, format!("cannot bind {a}"), e),
+                Some((addr, e)) => {
+                    TcpError::Bind { addr, io: e.into() }.into_error(format!("cannot bind {addr}"))
+                }
                 None => Error::config("no address to bind"),
             });
         }
@@ -246,8 +246,9 @@ impl Net {
     /// Connects `side` to `addr`; libzmq reconnects by itself after a reset.
     pub(crate) fn dial(&mut self, side: Side, addr: SocketAddr) -> Result<()> {
         let s = self.socket(addr.is_ipv6())?;
-        s.connect(&endpoint(addr))
-            .map_err(|e| Error::transport(BACKEND, format!("cannot connect to {addr}"), e))?;
+        s.connect(&endpoint(addr)).map_err(|e| {
+            TcpError::Connect { addr, io: e.into() }.into_error(format!("cannot connect to {addr}"))
+        })?;
         let out = Some(Outbound { sock: s, rid: None });
         match side {
             Side::Hub => self.hub = out,
@@ -399,7 +400,7 @@ impl Net {
             match zmq::poll(&mut items, ms) {
                 // A signal: go round again (training jobs install signal handlers).
                 Ok(_) | Err(zmq::Error::EINTR) => {}
-                Err(e) => return Err(Error::transport(BACKEND, "poll", e)),
+                Err(e) => return Err(zmq_err("poll")(e)),
             }
         }
     }
@@ -421,7 +422,7 @@ impl Net {
         match sock.recv(&mut id, zmq::DONTWAIT) {
             Ok(()) => {}
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(false),
-            Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
+            Err(e) => return Err(zmq_err("receive")(e)),
         }
         let mut data = zmq::Message::new();
         // The parts of a message arrive together, so this never waits; a signal in between
@@ -430,7 +431,7 @@ impl Net {
             match sock.recv(&mut data, 0) {
                 Ok(()) => break,
                 Err(zmq::Error::EINTR) => {}
-                Err(e) => return Err(Error::transport(BACKEND, "receive", e)),
+                Err(e) => return Err(zmq_err("receive")(e)),
             }
         }
         let addr = if data.is_empty() {

@@ -56,11 +56,12 @@ pub(crate) use crate::handshake::wire_u32 as wire;
 pub(crate) fn nonce() -> Result<Nonce> {
     let mut n = [0u8; 16];
     getrandom::fill(&mut n).map_err(|e| {
-        lens_core::Error::transport(
-            crate::net::BACKEND,
-            "no randomness for a nonce",
-            e.to_string(),
-        )
+        // The system's code where there is one; getrandom's own text where there is not.
+        let io = e.raw_os_error().map_or_else(
+            || std::io::Error::other(e.to_string()),
+            std::io::Error::from_raw_os_error,
+        );
+        crate::error::setup_err("draw randomness for a nonce")(io)
     })?;
     Ok(n)
 }

@@ -1,7 +1,8 @@
 """Exceptions raised by lens_trace. Every one is a :class:`LensError`.
 
-Each keeps the Rust error's full text in ``detail`` and a short ``kind``; a
-:class:`BroadcastTimeout` also says which ranks never arrived.
+Each one's message is the Rust error with its whole chain of causes (what lens was
+doing, then what the system or library answered), also kept in ``detail``, and a short
+``kind``; a :class:`BroadcastTimeout` also says which ranks never arrived.
 """
 
 from __future__ import annotations
