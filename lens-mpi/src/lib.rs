@@ -299,7 +299,8 @@ impl MpiBroadcasterBuilder {
         self
     }
 
-    /// The slab settings at once.
+    /// The slab settings at once, replacing what the variables ([`env::SLAB_SIZE`],
+    /// [`env::TIMEOUT`], [`env::MAX_PAYLOAD`], [`env::ARRIVALS_EVERY`]) set.
     pub fn options(mut self, opts: SlabOptions) -> Self {
         self.opts = opts;
         self

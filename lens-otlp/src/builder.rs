@@ -316,7 +316,7 @@ impl OtlpBuilder {
         self
     }
 
-    /// The bound on the guard's shutdown (flushing what is queued).
+    /// The bound on the guard's shutdown (flushing what is queued; no variable).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = Some(timeout);
         self
@@ -346,7 +346,8 @@ impl OtlpBuilder {
     /// ([`lens_core::measure_clock_offsets`]), as the resource attributes
     /// `lens.clock.offset_ns` and `lens.clock.error_ns`; exported spans' timestamps (start,
     /// end, events) are moved onto the reference clock by the offset, so the ranks line up in
-    /// the backend, unless [`OtlpBuilder::correct_timestamps`] says not to.
+    /// the backend, unless [`OtlpBuilder::correct_timestamps`] says not to. No variable: the
+    /// offset is measured at run time.
     pub fn clock_offset(mut self, clock: lens_core::ClockOffset) -> Self {
         self.clock = Some(clock);
         self.resource.push(KeyValue::new(
@@ -361,7 +362,7 @@ impl OtlpBuilder {
     }
 
     /// Whether exported timestamps are moved by the [`OtlpBuilder::clock_offset`] (default
-    /// on; off keeps each rank's own clock, the offset still in the resource).
+    /// on; off keeps each rank's own clock, the offset still in the resource; no variable).
     pub fn correct_timestamps(mut self, on: bool) -> Self {
         self.correct_timestamps = on;
         self
@@ -369,13 +370,14 @@ impl OtlpBuilder {
 
     /// Whether the provider keeps its open spans (`lens_core::hang::OpenSpans`), so that a
     /// hang report names what each rank was in when a round timed out (default on; the
-    /// cost is a copy of each span's data at its start).
+    /// cost is a copy of each span's data at its start; no variable).
     pub fn track_open_spans(mut self, on: bool) -> Self {
         self.open_spans = on;
         self
     }
 
-    /// More resource attributes, besides the rank's.
+    /// More resource attributes, besides the rank's (the SDK adds those of
+    /// `OTEL_RESOURCE_ATTRIBUTES`).
     pub fn resource_attributes(mut self, attrs: impl IntoIterator<Item = KeyValue>) -> Self {
         self.resource.extend(attrs);
         self

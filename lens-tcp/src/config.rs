@@ -334,7 +334,8 @@ impl TcpConfigBuilder {
         self
     }
 
-    /// Largest payload (default [`lens_core::DEFAULT_MAX_PAYLOAD`]).
+    /// Largest payload (default [`lens_core::DEFAULT_MAX_PAYLOAD`]; no variable: the
+    /// limit is the program's, not the job's).
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = Some(bytes);
         self

@@ -81,7 +81,8 @@ pub struct SlabVars {
 
 impl SlabOptions {
     /// Sets the slab size in bytes, header included (over the 16-byte header, at most
-    /// [`MAX_SLAB_BYTES`]).
+    /// [`MAX_SLAB_BYTES`]; variable: the backend's [`SlabVars::slab_size`], such as
+    /// `LENS_MPI_SLAB_SIZE`).
     #[must_use]
     pub fn slab_size(mut self, bytes: usize) -> Self {
         self.slab_size = bytes;
@@ -89,7 +90,8 @@ impl SlabOptions {
         self
     }
 
-    /// Sets the deadline of one round (positive, at most [`crate::backend::MAX_TIMEOUT`]).
+    /// Sets the deadline of one round (positive, at most [`crate::backend::MAX_TIMEOUT`];
+    /// variable: the backend's [`SlabVars::timeout`], such as `LENS_MPI_TIMEOUT`).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -97,7 +99,8 @@ impl SlabOptions {
         self
     }
 
-    /// Sets the largest payload in bytes (at most [`MAX_SLAB_BYTES`]).
+    /// Sets the largest payload in bytes (at most [`MAX_SLAB_BYTES`]; variable: the
+    /// backend's [`SlabVars::max_payload`], such as `LENS_MPI_MAX_PAYLOAD`).
     #[must_use]
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
@@ -107,7 +110,8 @@ impl SlabOptions {
 
     /// Gathers the ranks' arrival times at the root every `rounds` rounds (0: never), where
     /// the transport can gather; the root's [`crate::Broadcaster::take_arrivals`] then
-    /// names the rank that came last.
+    /// names the rank that came last (variable: the backend's [`SlabVars::arrivals_every`],
+    /// such as `LENS_MPI_ARRIVALS_EVERY`).
     #[must_use]
     pub fn arrivals_every(mut self, rounds: u64) -> Self {
         self.arrivals_every = rounds;
