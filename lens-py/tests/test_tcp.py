@@ -37,16 +37,23 @@ def test_a_rank_that_never_joins_is_named_by_the_join_timeout(procs: Procs):
     assert got[1]["stage"] == "join" and "error" in got[1], got[1]
 
 
-def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(procs: Procs):
+def two_ranks_and_an_idle_third(procs: Procs, args, env):
+    """Ranks 0 and 1 run tcp_probe.py with ``args`` and ``env``; rank 2 joins and never
+    broadcasts. Ranks 0 and 1's last JSON lines, once both have exited."""
     world, port = 3, free_port()
     for r in range(2):
-        procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, port, LENS_TCP_TIMEOUT="1"))
+        procs.start(python_cmd("tcp_probe.py", *args), rank_env(r, world, port, **env))
     idle = procs.start(python_cmd("tcp_probe.py", "--idle"), rank_env(2, world, port))
     got = []
     for p in procs.procs[:2]:
         text, _ = p.communicate(timeout=60)
         got.append(last_json(text))
     idle.kill()
+    return got
+
+
+def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(procs: Procs):
+    got = two_ranks_and_an_idle_third(procs, [], {"LENS_TCP_TIMEOUT": "1"})
     root = got[0]
     assert root["stage"] == "broadcast" and root.get("error") == "BroadcastTimeout", root
     assert root["missing"] == [2] and root["waited"] < 10, root
@@ -55,16 +62,8 @@ def test_a_rank_that_joins_but_never_broadcasts_is_named_within_the_timeout(proc
 
 
 def test_a_queued_source_returns_at_once_and_names_the_missing_rank_at_its_next_call(procs: Procs):
-    world, port = 3, free_port()
     env = {"LENS_TCP_TIMEOUT": "2", "LENS_TCP_SOURCE_RETURNS": "queued"}
-    procs.start(python_cmd("tcp_probe.py", "--twice", "--flush"), rank_env(0, world, port, **env))
-    procs.start(python_cmd("tcp_probe.py", "--twice", "--flush"), rank_env(1, world, port, **env))
-    idle = procs.start(python_cmd("tcp_probe.py", "--idle"), rank_env(2, world, port))
-    got = []
-    for p in procs.procs[:2]:
-        text, _ = p.communicate(timeout=60)
-        got.append(last_json(text))
-    idle.kill()
+    got = two_ranks_and_an_idle_third(procs, ["--twice", "--flush"], env)
     root = got[0]
     # The first call returned once its data was queued (a delivered source waits 2 s for
     # rank 2 and raises); the second reports the first round's failure.
