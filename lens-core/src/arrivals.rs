@@ -12,7 +12,8 @@
 //! use lens_core::arrivals::Arrivals;
 //!
 //! // Rank 2 entered 5 ms after rank 0, rank 1 waited 1 ms for the data.
-//! let a = Arrivals::from_times([(0, 0), (1, -1_000_000), (2, 5_000_000)]).expect("ranks");
+//! // `None` only for no ranks at all; three are given.
+//! let a = Arrivals::from_times([(0, 0), (1, -1_000_000), (2, 5_000_000)]).expect("three ranks");
 //! assert_eq!(a.last_rank, 2);
 //! assert_eq!(a.spread_ns, 6_000_000);
 //! assert_eq!(a.ranks[0], (2, 6_000_000));
@@ -178,7 +179,7 @@ mod tests {
         assert_eq!(Arrivals::from_times([]), None, "no ranks");
         let t0 = Instant::now();
         let later = t0 + Duration::from_millis(3);
-        let a = Arrivals::from_instants([(1, later), (0, t0)]).expect("instants");
+        let a = Arrivals::from_instants([(1, later), (0, t0)]).expect("two ranks are given");
         assert_eq!((a.last_rank, a.spread_ns), (1, 3_000_000), "instants");
     }
 }

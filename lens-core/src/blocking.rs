@@ -13,7 +13,8 @@
 //!     let other = s.spawn(|| blocking::broadcast(&ranks[1], 0, None));
 //!     let mine = blocking::broadcast(&ranks[0], 0, Some(b"step 7"))?;
 //!     assert_eq!(mine, b"step 7");
-//!     assert_eq!(other.join().expect("thread")?, b"step 7");
+//!     // `join` fails only when the thread panicked: pass that panic on.
+//!     assert_eq!(other.join().expect("rank 1's thread")?, b"step 7");
 //!     Ok::<(), lens_core::Error>(())
 //! })?;
 //! # Ok::<(), lens_core::Error>(())

@@ -49,6 +49,7 @@
 //!             Ok::<_, lens_core::Error>(trace_id)
 //!         })
 //!     }).collect();
+//!     // `join` fails only when the rank's thread panicked: pass that panic on.
 //!     handles.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<_>, _>>()
 //! })?;
 //! assert!(results.iter().all(|t| *t == results[0]), "one trace for the whole job");

@@ -15,9 +15,11 @@
 //!         .iter()
 //!         .map(|b| s.spawn(move || blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"hi"[..]))))
 //!         .collect();
-//!     handles.into_iter().map(|h| h.join().expect("rank").expect("round")).collect::<Vec<_>>()
-//! });
+//!     // `join` fails only when a rank's thread panicked: pass that panic on.
+//!     handles.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<_>, _>>()
+//! })?;
 //! assert!(got.iter().all(|g| g == b"hi"));
+//! # Ok::<(), lens_core::Error>(())
 //! ```
 #![warn(missing_docs)]
 #![cfg_attr(

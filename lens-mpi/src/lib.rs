@@ -43,9 +43,11 @@
 //! use lens_mpi::MpiBroadcaster;
 //! use mpi::traits::*;
 //!
+//! // `None` only when MPI was initialised before, which this program does not do.
 //! let universe = mpi::initialize().expect("MPI initialises once");
 //! let world = universe.world();
-//! // A pipeline group: ranks with the same colour share a communicator.
+//! // A pipeline group: ranks with the same colour share a communicator (`None` only for
+//! // a rank that passes `Color::undefined()`).
 //! let stage = world.split_by_color(mpi::topology::Color::with_value(world.rank() % 2))
 //!     .expect("every rank has a colour");
 //! let group = MpiBroadcaster::new(stage)?;

@@ -32,7 +32,9 @@ fn group(slabs: &[usize], faults: &[SimFault], timeout: Duration) -> (Vec<NcclBr
 }
 
 fn aborted(log: &Arc<Mutex<SimLog>>) -> bool {
-    log.lock().expect("log").aborted
+    log.lock()
+        .expect("no thread panicked holding the log")
+        .aborted
 }
 
 #[test]
@@ -71,16 +73,22 @@ fn spill_buffer_is_kept_between_rounds() {
         for _ in 0..50 {
             let got = b
                 .raw_broadcast(0, (b.rank() == 0).then_some(&raw[..]), raw.len())
-                .expect("raw");
+                .expect("the raw NCCL round succeeds");
             assert_eq!(got, raw);
-            let got = blocking::broadcast(b, 0, (b.rank() == 0).then_some(&big[..])).expect("lens");
+            let got = blocking::broadcast(b, 0, (b.rank() == 0).then_some(&big[..]))
+                .expect("the lens round succeeds");
             assert_eq!(got, big);
         }
     });
     for log in &logs {
         // One allocation for the raw 1,000 bytes, one when the 5,000-byte payload's
         // remainder outgrew it; none per round.
-        assert_eq!(log.lock().expect("log").allocations, 2);
+        assert_eq!(
+            log.lock()
+                .expect("no thread panicked holding the log")
+                .allocations,
+            2
+        );
     }
 }
 
@@ -248,7 +256,9 @@ fn bad_arguments_are_errors_before_any_work() {
         "a rejected call must not break the group"
     );
     assert_eq!(
-        ranks[0].raw_broadcast(0, Some(b"four"), 4).expect("raw"),
+        ranks[0]
+            .raw_broadcast(0, Some(b"four"), 4)
+            .expect("the raw NCCL round succeeds"),
         b"four"
     );
 }

@@ -188,7 +188,7 @@ mod tests {
             (Some(0), Some("NoDevFiles"), nvml::Which::None, "no devices"),
         ];
         for (local, visible, want, why) in rows {
-            let mut info = RankInfo::new(0, 8).expect("info");
+            let mut info = RankInfo::new(0, 8).expect("rank 0 is below a world of 8");
             info.local_rank = *local;
             let lookup = |k: &str| {
                 (k == "CUDA_VISIBLE_DEVICES")

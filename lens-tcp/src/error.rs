@@ -28,16 +28,17 @@ pub(crate) const BACKEND: &str = "tcp";
 ///         Some(TcpError::Bind { io, .. }) if io.kind() == std::io::ErrorKind::AddrInUse
 ///     )
 /// }
-/// # let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+/// # let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
 /// # let config = lens_tcp::TcpConfig::builder()
 /// #     .rank(0)
 /// #     .world_size(2)
-/// #     .addr(taken.local_addr().expect("its address").to_string())
+/// #     .addr(taken.local_addr()?.to_string())
 /// #     .key([7u8; 32])
 /// #     .build()?;
+/// # // The assertion of this example: binding a taken port fails.
 /// # let e = lens_tcp::TcpBroadcaster::start(config).err().expect("the port is taken");
 /// # assert!(port_taken(&e), "{e:?}");
-/// # Ok::<(), lens_core::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -150,7 +151,7 @@ mod tests {
             (
                 "a bind names the address in the message",
                 TcpError::Bind {
-                    addr: "127.0.0.1:9".parse().expect("an address"),
+                    addr: SocketAddr::from(([127, 0, 0, 1], 9)),
                     io: io::Error::from(io::ErrorKind::AddrInUse),
                 }
                 .into_error("cannot bind 127.0.0.1:9"),

@@ -22,7 +22,7 @@ use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Reassembler, Reject};
 use crate::error::TcpError;
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
-pub(crate) use crate::error::socket_err as zmq_err;
+use crate::error::socket_err;
 
 /// Which socket a connection lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -174,27 +174,27 @@ impl Net {
         let s = self
             .ctx
             .socket(zmq::STREAM)
-            .map_err(zmq_err("create a socket"))?;
-        s.set_linger(0).map_err(zmq_err("set linger"))?;
+            .map_err(socket_err("create a socket"))?;
+        s.set_linger(0).map_err(socket_err("set linger"))?;
         s.set_sndhwm(self.limits.hwm)
-            .map_err(zmq_err("set the send queue limit"))?;
+            .map_err(socket_err("set the send queue limit"))?;
         s.set_rcvhwm(self.limits.hwm)
-            .map_err(zmq_err("set the receive queue limit"))?;
-        s.set_ipv6(ipv6).map_err(zmq_err("enable IPv6"))?;
+            .map_err(socket_err("set the receive queue limit"))?;
+        s.set_ipv6(ipv6).map_err(socket_err("enable IPv6"))?;
         // Long idle periods between rounds must not silently lose a peer behind a NAT or
         // firewall, and a dead host must be noticed.
         s.set_tcp_keepalive(1)
-            .map_err(zmq_err("set TCP keepalive"))?;
+            .map_err(socket_err("set TCP keepalive"))?;
         s.set_tcp_keepalive_idle(30)
-            .map_err(zmq_err("set TCP keepalive"))?;
+            .map_err(socket_err("set TCP keepalive"))?;
         s.set_tcp_keepalive_intvl(10)
-            .map_err(zmq_err("set TCP keepalive"))?;
+            .map_err(socket_err("set TCP keepalive"))?;
         s.set_tcp_keepalive_cnt(6)
-            .map_err(zmq_err("set TCP keepalive"))?;
+            .map_err(socket_err("set TCP keepalive"))?;
         s.set_reconnect_ivl(50)
-            .map_err(zmq_err("set the reconnect interval"))?;
+            .map_err(socket_err("set the reconnect interval"))?;
         s.set_reconnect_ivl_max(1000)
-            .map_err(zmq_err("set the reconnect interval"))?;
+            .map_err(socket_err("set the reconnect interval"))?;
         Ok(s)
     }
 
@@ -205,7 +205,7 @@ impl Net {
         let s = self.socket(ipv6)?;
         let backlog = i32::try_from(self.limits.backlog).unwrap_or(i32::MAX);
         s.set_backlog(backlog)
-            .map_err(zmq_err("set the listening queue"))?;
+            .map_err(socket_err("set the listening queue"))?;
         let mut bound: Vec<SocketAddr> = Vec::new();
         let mut last_err = None;
         for &a in addrs {
@@ -217,7 +217,7 @@ impl Net {
                 Ok(()) => {
                     let got = s
                         .get_last_endpoint()
-                        .map_err(zmq_err("read the bound address"))?
+                        .map_err(socket_err("read the bound address"))?
                         .unwrap_or_default();
                     let got = got
                         .trim_start_matches("tcp://")
@@ -400,7 +400,7 @@ impl Net {
             match zmq::poll(&mut items, ms) {
                 // A signal: go round again (training jobs install signal handlers).
                 Ok(_) | Err(zmq::Error::EINTR) => {}
-                Err(e) => return Err(zmq_err("poll")(e)),
+                Err(e) => return Err(socket_err("poll")(e)),
             }
         }
     }
@@ -422,7 +422,7 @@ impl Net {
         match sock.recv(&mut id, zmq::DONTWAIT) {
             Ok(()) => {}
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(false),
-            Err(e) => return Err(zmq_err("receive")(e)),
+            Err(e) => return Err(socket_err("receive")(e)),
         }
         let mut data = zmq::Message::new();
         // The parts of a message arrive together, so this never waits; a signal in between
@@ -431,7 +431,7 @@ impl Net {
             match sock.recv(&mut data, 0) {
                 Ok(()) => break,
                 Err(zmq::Error::EINTR) => {}
-                Err(e) => return Err(zmq_err("receive")(e)),
+                Err(e) => return Err(socket_err("receive")(e)),
             }
         }
         let addr = if data.is_empty() {

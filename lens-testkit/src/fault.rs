@@ -48,6 +48,7 @@ pub enum Fault {
 /// use lens_testkit::{Fault, Faulty, LocalCluster};
 ///
 /// let mut ranks = LocalCluster::new(2).broadcasters().into_iter();
+/// // A cluster of two ranks yields two broadcasters.
 /// let first = ranks.next().expect("a cluster of two has a rank 0");
 /// let slow = Faulty::new(first, vec![Fault::Delay(Duration::from_millis(5))]);
 /// # drop(slow);

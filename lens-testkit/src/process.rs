@@ -247,7 +247,7 @@ mod tests {
             "head -c 1048576 /dev/zero | tr '\\0' e >&2; head -c 1048576 /dev/zero | tr '\\0' o",
         ]);
         let done = Supervised::spawn(&mut cmd, Duration::from_secs(30))
-            .expect("sh")
+            .expect("Debian has /bin/sh")
             .wait();
         assert!(done.success() && !done.timed_out, "{:?}", done.status);
         assert_eq!((done.stdout.len(), done.stderr.len()), (1 << 20, 1 << 20));
@@ -257,7 +257,8 @@ mod tests {
     fn a_line_is_seen_while_the_child_runs() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo noise; echo 'ADDR 127.0.0.1:9'; sleep 60"]);
-        let child = Supervised::spawn(&mut cmd, Duration::from_secs(30)).expect("sh");
+        let child =
+            Supervised::spawn(&mut cmd, Duration::from_secs(30)).expect("Debian has /bin/sh");
         let got = child.wait_for_line("ADDR ", Duration::from_secs(10));
         assert_eq!(got.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(
@@ -271,7 +272,7 @@ mod tests {
         let start = |script: &str| {
             let mut cmd = Command::new("sh");
             cmd.args(["-c", script]);
-            Supervised::spawn(&mut cmd, Duration::from_secs(2)).expect("sh")
+            Supervised::spawn(&mut cmd, Duration::from_secs(2)).expect("Debian has /bin/sh")
         };
         let mut order = Vec::new();
         let t = Instant::now();

@@ -100,7 +100,8 @@ pub enum CarrierError {
 ///
 /// let bytes = br#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03"}"#;
 /// let carrier = Carrier::decode(bytes)?;
-/// let sc = carrier.span_context().expect("valid traceparent");
+/// // `None` only for a missing or malformed traceparent; this one is well formed.
+/// let sc = carrier.span_context().expect("a well-formed traceparent");
 /// assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
 /// assert_eq!(sc.trace_flags().to_u8(), 0x03); // all flag bits kept
 /// assert_eq!(carrier.encode(), bytes); // passed on exactly as received

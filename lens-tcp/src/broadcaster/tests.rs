@@ -15,17 +15,26 @@ fn cfg(rank: usize, addr: &str) -> TcpConfig {
         .timeout(Duration::from_secs(2))
         .join_timeout(Duration::from_secs(10))
         .build()
-        .expect("config")
+        .expect("every setting is given and valid")
 }
 
 fn pair() -> (TcpBroadcaster, TcpBroadcaster) {
-    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("bind");
-    let addr = hub.local_addr().expect("addr").to_string();
-    let member = TcpBroadcaster::start(cfg(1, &addr)).expect("connect");
+    let hub = TcpBroadcaster::start(cfg(0, "127.0.0.1:0")).expect("rank 0 binds loopback port 0");
+    let addr = hub
+        .local_addr()
+        .expect("a started rank 0 is bound")
+        .to_string();
+    let member =
+        TcpBroadcaster::start(cfg(1, &addr)).expect("the member reaches rank 0 on loopback");
     std::thread::scope(|s| {
         let h = s.spawn(|| hub.finish());
-        let m = member.finish().expect("member");
-        (h.join().expect("thread").expect("hub"), m)
+        let m = member.finish().expect("the member is admitted");
+        (
+            h.join()
+                .expect("the rank thread does not panic")
+                .expect("rank 0 forms the group"),
+            m,
+        )
     })
 }
 
@@ -38,8 +47,13 @@ fn round(
     std::thread::scope(|s| {
         let h = s.spawn(|| lens_core::blocking::broadcast(hub, root, (root == 0).then_some(data)));
         let m = lens_core::blocking::broadcast(member, root, (root == 1).then_some(data))
-            .expect("member");
-        (h.join().expect("thread").expect("hub"), m)
+            .expect("the member is admitted");
+        (
+            h.join()
+                .expect("the rank thread does not panic")
+                .expect("rank 0 forms the group"),
+            m,
+        )
     })
 }
 
@@ -65,8 +79,8 @@ fn replayed_frames_are_dropped() {
             1,
         );
         let hub_conn = ConnId::outbound(Side::Hub);
-        g.send(&hub_conn, &old).expect("send");
-        g.send(&hub_conn, &other).expect("send");
+        g.send(&hub_conn, &old).expect("the connection is open");
+        g.send(&hub_conn, &other).expect("the connection is open");
     }
     for r in 3..6u8 {
         assert_eq!(
@@ -90,7 +104,10 @@ fn knocking_again_is_harmless() {
         round(&hub, &member, 0, b"one"),
         (b"one".to_vec(), b"one".to_vec())
     );
-    member.state().knock(Side::Hub).expect("knock");
+    member
+        .state()
+        .knock(Side::Hub)
+        .expect("the member can knock again");
     for r in 0..5u8 {
         assert_eq!(
             round(&hub, &member, usize::from(r % 2), &[r; 3]),
@@ -111,19 +128,28 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
             .key(KEY)
             .timeout(Duration::from_secs(2))
             .build()
-            .expect("config")
+            .expect("every setting is given and valid")
     };
-    let hub = TcpBroadcaster::start(cfg3(0, "127.0.0.1:0")).expect("bind");
-    let addr = hub.local_addr().expect("addr").to_string();
+    let hub = TcpBroadcaster::start(cfg3(0, "127.0.0.1:0")).expect("rank 0 binds loopback port 0");
+    let addr = hub
+        .local_addr()
+        .expect("a started rank 0 is bound")
+        .to_string();
     let others: Vec<_> = (1..3)
-        .map(|r| TcpBroadcaster::start(cfg3(r, &addr)).expect("connect"))
+        .map(|r| {
+            TcpBroadcaster::start(cfg3(r, &addr)).expect("the member reaches rank 0 on loopback")
+        })
         .collect();
     let ranks: Vec<TcpBroadcaster> = std::thread::scope(|s| {
         let h = s.spawn(|| hub.finish());
         let o: Vec<_> = others.into_iter().map(|r| s.spawn(|| r.finish())).collect();
         std::iter::once(h)
             .chain(o)
-            .map(|t| t.join().expect("thread").expect("joins"))
+            .map(|t| {
+                t.join()
+                    .expect("the rank thread does not panic")
+                    .expect("the rank is admitted")
+            })
             .collect()
     });
     {
@@ -137,7 +163,8 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
             1,
             0,
         );
-        g.send(&ConnId::outbound(Side::Hub), &forged).expect("send");
+        g.send(&ConnId::outbound(Side::Hub), &forged)
+            .expect("the connection is open");
     }
     let results = lens_testkit::on_each_rank(&ranks, |b| {
         lens_core::blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"step"[..]))

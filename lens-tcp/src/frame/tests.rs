@@ -21,7 +21,7 @@ proptest! {
     /// Any bytes: decoding never panics, and without the key nothing is accepted.
     #[test]
     fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let codec = Codec::new(KEY).expect("key");
+        let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
         prop_assert!(codec.decode(&bytes, |_| true).is_err());
     }
 
@@ -29,9 +29,9 @@ proptest! {
     #[test]
     fn round_trip_and_tamper(sender: u32, session: u64, round: u64, root: u32,
                              payload in proptest::collection::vec(any::<u8>(), 0..300), flip: usize) {
-        let codec = Codec::new(KEY).expect("key");
+        let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
         let bytes = codec.encode(&data(&payload), sender, session, round, root);
-        let f = codec.decode(strip(&bytes), |_| true).expect("decodes");
+        let f = codec.decode(strip(&bytes), |_| true).expect("a frame this codec encoded decodes");
         prop_assert_eq!((f.sender, f.session, f.round, f.root, &f.msg), (sender, session, round, root, &data(&payload)));
         let mut tampered = strip(&bytes).to_vec();
         let at = flip % tampered.len();
@@ -43,7 +43,7 @@ proptest! {
     #[test]
     fn reassembly_of_any_chunking(sizes in proptest::collection::vec(0usize..400, 1..6),
                                   cut in proptest::collection::vec(1usize..97, 1..40)) {
-        let codec = Codec::new(KEY).expect("key");
+        let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
         let frames: Vec<Vec<u8>> = sizes.iter().map(|&s| codec.encode(&data(&vec![7; s]), 1, 2, 3, 0)).collect();
         let stream = frames.concat();
         let mut r = Reassembler::default();
@@ -63,8 +63,8 @@ proptest! {
 
 #[test]
 fn frame_table() {
-    let codec = Codec::new(b"job key").expect("key");
-    let other = Codec::new(b"other key").expect("key");
+    let codec = Codec::new(b"job key").expect("HMAC takes a key of any length");
+    let other = Codec::new(b"other key").expect("HMAC takes a key of any length");
     let good = strip(&codec.encode(&data(b"payload"), 3, 77, 9, 3)).to_vec();
     let mut flipped = good.clone();
     flipped[20] ^= 1;
@@ -154,7 +154,9 @@ fn frame_table() {
             .map(|_| ());
         assert_eq!(got, want, "{why}");
     }
-    let f = codec.decode(&good, |_| true).expect("decodes");
+    let f = codec
+        .decode(&good, |_| true)
+        .expect("a frame this codec encoded decodes");
     assert_eq!(
         (f.kind(), f.sender, f.session, f.round, f.root, &f.msg),
         (Kind::Data, 3, 77, 9, 3, &data(b"payload"))

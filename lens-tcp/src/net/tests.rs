@@ -22,10 +22,13 @@ fn limits() -> Limits {
 }
 
 fn server(limits: Limits) -> (Net, SocketAddr) {
-    let mut net = Net::new(Codec::new(KEY).expect("key"), limits);
+    let mut net = Net::new(
+        Codec::new(KEY).expect("HMAC takes a key of any length"),
+        limits,
+    );
     let addr = net
         .listen(&[SocketAddr::from(([127, 0, 0, 1], 0))])
-        .expect("listen")[0];
+        .expect("loopback port 0 binds")[0];
     (net, addr)
 }
 
@@ -33,7 +36,7 @@ fn server(limits: Limits) -> (Net, SocketAddr) {
 fn pump(net: &mut Net, d: Duration) -> Vec<Event> {
     let deadline = Instant::now() + d;
     let mut out = Vec::new();
-    while let Some(e) = net.recv(deadline).expect("recv") {
+    while let Some(e) = net.recv(deadline).expect("the loop polls without error") {
         out.push(e);
     }
     out
@@ -52,7 +55,7 @@ fn opened(events: &[Event]) -> Vec<ConnId> {
 /// Whether the server closed `s` (end of stream or a reset) within a short wait.
 fn closed(s: &mut TcpStream) -> bool {
     s.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
+        .expect("a non-zero read timeout is accepted");
     let mut buf = [0u8; 4096];
     loop {
         match s.read(&mut buf) {
@@ -79,7 +82,7 @@ fn a_silent_connection_is_closed_at_the_handshake_deadline() {
         handshake: Duration::from_millis(300),
         ..limits()
     });
-    let mut silent = TcpStream::connect(addr).expect("connect");
+    let mut silent = TcpStream::connect(addr).expect("the server listens on loopback");
     pump(&mut net, Duration::from_millis(100));
     assert!(!closed(&mut silent), "open before the deadline");
     pump(&mut net, Duration::from_millis(500));
@@ -94,7 +97,7 @@ fn past_the_cap_the_oldest_unproven_connection_is_closed() {
     });
     let mut peers = Vec::new();
     for _ in 0..3 {
-        peers.push(TcpStream::connect(addr).expect("connect"));
+        peers.push(TcpStream::connect(addr).expect("the server listens on loopback"));
         pump(&mut net, Duration::from_millis(100));
     }
     assert!(closed(&mut peers[0]), "the oldest goes");
@@ -111,12 +114,12 @@ fn a_proven_connection_does_not_count_against_the_cap_or_the_deadline() {
         handshake: Duration::from_millis(300),
         ..limits()
     });
-    let mut proven = TcpStream::connect(addr).expect("connect");
+    let mut proven = TcpStream::connect(addr).expect("the server listens on loopback");
     let conn = opened(&pump(&mut net, Duration::from_millis(100)))
         .pop()
-        .expect("opened");
+        .expect("the server saw the connection open");
     net.set_verified(&conn, Some(1));
-    let mut stranger = TcpStream::connect(addr).expect("connect");
+    let mut stranger = TcpStream::connect(addr).expect("the server listens on loopback");
     pump(&mut net, Duration::from_millis(600));
     assert!(closed(&mut stranger), "the stranger missed its deadline");
     assert!(!closed(&mut proven), "the proven peer stays");
@@ -128,10 +131,11 @@ fn an_unproven_connection_may_send_only_so_many_frames() {
         unproven_frames: 3,
         ..limits()
     });
-    let codec = Codec::new(KEY).expect("key");
-    let mut peer = TcpStream::connect(addr).expect("connect");
+    let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
+    let mut peer = TcpStream::connect(addr).expect("the server listens on loopback");
     for _ in 0..6 {
-        peer.write_all(&knock(&codec)).expect("send");
+        peer.write_all(&knock(&codec))
+            .expect("the server has not closed this connection yet");
     }
     let events = pump(&mut net, Duration::from_millis(300));
     let frames = events
@@ -145,10 +149,11 @@ fn an_unproven_connection_may_send_only_so_many_frames() {
 #[test]
 fn an_unproven_connection_cannot_announce_a_large_frame() {
     let (mut net, addr) = server(limits());
-    let mut peer = TcpStream::connect(addr).expect("connect");
+    let mut peer = TcpStream::connect(addr).expect("the server listens on loopback");
     // One byte over the join frame limit: refused on the length alone.
-    let len = u32::try_from(JOIN_FRAME_MAX + 1).expect("small");
-    peer.write_all(&len.to_le_bytes()).expect("send");
+    let len = u32::try_from(JOIN_FRAME_MAX + 1).expect("JOIN_FRAME_MAX is far below 4 GiB");
+    peer.write_all(&len.to_le_bytes())
+        .expect("the server has not closed this connection yet");
     let events = pump(&mut net, Duration::from_millis(300));
     assert!(
         events.iter().any(|e| matches!(
@@ -179,9 +184,9 @@ fn fill(net: &mut Net, conn: &ConnId) -> SendFail {
 #[test]
 fn a_peer_that_never_reads_never_blocks_a_send() {
     let (mut net, addr) = server(Limits { hwm: 4, ..limits() });
-    let _stranger = TcpStream::connect(addr).expect("connect");
+    let _stranger = TcpStream::connect(addr).expect("the server listens on loopback");
     let mut conns = opened(&pump(&mut net, Duration::from_millis(100)));
-    let _member = TcpStream::connect(addr).expect("connect");
+    let _member = TcpStream::connect(addr).expect("the server listens on loopback");
     conns.extend(opened(&pump(&mut net, Duration::from_millis(200))));
     assert_eq!(conns.len(), 2);
     net.set_verified(&conns[1], Some(1));
@@ -196,11 +201,17 @@ fn a_peer_that_never_reads_never_blocks_a_send() {
 #[test]
 fn every_socket_keeps_tcp_keepalive_on() {
     let (mut net, addr) = server(limits());
-    net.dial(Side::Hub, addr).expect("dial");
+    net.dial(Side::Hub, addr)
+        .expect("dialing starts (libzmq connects in the background)");
     let mut seen = 0;
     for side in SIDES {
         if let Some(s) = net.sock(side) {
-            assert_eq!(s.get_tcp_keepalive().expect("option"), 1, "{side:?}");
+            assert_eq!(
+                s.get_tcp_keepalive()
+                    .expect("a live socket reports its options"),
+                1,
+                "{side:?}"
+            );
             seen += 1;
         }
     }

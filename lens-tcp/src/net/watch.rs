@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use lens_core::Result;
 
-use super::{Net, SIDES, zmq_err};
+use super::{Net, SIDES};
+use crate::error::socket_err;
 
 /// Names each socket monitor's endpoint uniquely in the process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);
@@ -47,14 +48,14 @@ impl Net {
                 MONITORS.fetch_add(1, Ordering::Relaxed)
             );
             sock.monitor(&endpoint, events)
-                .map_err(zmq_err("monitor a socket"))?;
+                .map_err(socket_err("monitor a socket"))?;
             let pair = self
                 .ctx
                 .socket(zmq::PAIR)
-                .map_err(zmq_err("create a monitor socket"))?;
-            pair.set_linger(0).map_err(zmq_err("set linger"))?;
+                .map_err(socket_err("create a monitor socket"))?;
+            pair.set_linger(0).map_err(socket_err("set linger"))?;
             pair.connect(&endpoint)
-                .map_err(zmq_err("connect a monitor socket"))?;
+                .map_err(socket_err("connect a monitor socket"))?;
             watchers.push(pair);
         }
         Ok(watchers)
