@@ -1,5 +1,5 @@
 """Python ranks over lens's TCP group, in separate processes on 127.0.0.1: a rank that never
-arrives, a rank with the wrong key."""
+arrives, a rank with the wrong key, a queued source (at its next call, at flush, at exit)."""
 
 import json
 import time
@@ -117,3 +117,22 @@ def test_lens_tcp_addr_gives_the_group_its_own_port_beside_a_busy_master_port(pr
             procs.start(python_cmd("tcp_probe.py"), rank_env(r, world, master_port, LENS_TCP_ADDR=lens_addr))
         got = [last_json(text) for _, text in procs.wait_all(60)]
     assert all(g.get("carrier") for g in got), got
+
+
+def test_a_queued_source_that_exits_holding_its_group_waits_for_its_last_round(procs: Procs):
+    """The interpreter's shutdown drops a group held in a module global: the source's last
+    queued round is delivered and waited for within the deadline, not cut off by the exit."""
+    world, port = 2, free_port()
+    env = {"LENS_TCP_TIMEOUT": "10", "LENS_TCP_SOURCE_RETURNS": "queued"}
+    t0 = time.monotonic()
+    source = procs.start(python_cmd("queued_exit.py"), rank_env(0, world, port, **env))
+    late = procs.start(python_cmd("queued_exit.py"), rank_env(1, world, port, **env))
+    text, _ = source.communicate(timeout=60)
+    source_lived = time.monotonic() - t0
+    late_text, _ = late.communicate(timeout=60)
+    assert source.returncode == 0 and last_json(text)["returned_after"] < 1.0, text
+    assert last_json(late_text)["carrier"]["traceparent"].startswith("00-"), late_text
+    # Rank 1 takes part 1.5 s after it joins: a source that did not wait at exit would have
+    # ended well before that.
+    assert source_lived >= 1.4, (source_lived, text)
+
