@@ -43,7 +43,8 @@ pub enum Error {
 
     /// Some ranks did not take part in a collective within the deadline.
     #[error(
-        "timed out after {after:?} {}{}",
+        "timed out after {after:?} {}{}{}",
+        through(via),
         waiting_for(missing),
         last_seen_of(last_seen)
     )]
@@ -59,6 +60,12 @@ pub enum Error {
         /// them (0: none yet). A rank stuck since an earlier step shows an older round than
         /// the others. Empty where the transport cannot tell.
         last_seen: Vec<(usize, u64)>,
+        /// How this rank knows of `missing` when it did not find them missing itself: the
+        /// rank it waited for, then the rank that one waits for, and so on to the rank
+        /// that found `missing` absent (`[0]`: "waiting for rank 0, which waits for
+        /// `missing`"). Empty when this rank itself waited for `missing`. The root cause
+        /// is `missing`, whichever rank reports it.
+        via: Vec<usize>,
     },
 
     /// The bytes received are not a valid carrier.
@@ -157,6 +164,7 @@ impl Error {
             after,
             missing,
             last_seen: Vec::new(),
+            via: Vec::new(),
         }
     }
 
@@ -210,6 +218,14 @@ fn waiting_for(missing: &[usize]) -> String {
     }
 }
 
+/// The path to the missing ranks, when another rank found them missing: "waiting for
+/// rank 0, which is ", before [`waiting_for`]'s words.
+pub(crate) fn through(via: &[usize]) -> String {
+    via.iter()
+        .map(|r| format!("waiting for rank {r}, which is "))
+        .collect()
+}
+
 /// What the message says of the missing ranks' last rounds, where known.
 fn last_seen_of(last_seen: &[(usize, u64)]) -> String {
     if last_seen.is_empty() {
@@ -240,10 +256,21 @@ mod tests {
             after: Duration::from_secs(1),
             missing: vec![2, 5],
             last_seen: vec![(2, 40), (5, 0)],
+            via: Vec::new(),
         };
         assert_eq!(
             seen.to_string(),
             "timed out after 1s waiting for rank(s) [2, 5]; last seen: rank 2 in round 40, rank 5 in none yet"
+        );
+        let through = Error::Timeout {
+            after: Duration::from_secs(2),
+            missing: vec![3],
+            last_seen: Vec::new(),
+            via: vec![1, 0],
+        };
+        assert_eq!(
+            through.to_string(),
+            "timed out after 2s waiting for rank 1, which is waiting for rank 0, which is waiting for rank(s) [3]"
         );
         let unknown = Error::timeout(Duration::from_secs(1), Vec::new());
         assert!(

@@ -6,7 +6,8 @@
 //! (`opentelemetry::global`), as a child of the rank's current context, with
 //! [`keys::ROUND`] (the round's number on this rank, where the backend counts rounds),
 //! [`keys::MISSING_RANKS`] (with [`keys::MISSING_LAST_SEEN`] where the transport knows the
-//! last round each took part in) and [`keys::RANK`], and one [`keys::OPEN_SPAN_EVENT`] event per
+//! last round each took part in, and [`keys::VIA`] where another rank found them missing:
+//! every rank names the root cause, not only the rank it waited for) and [`keys::RANK`], and one [`keys::OPEN_SPAN_EVENT`] event per
 //! span still open in the process (its name and age), as far as an [`OpenSpans`] processor
 //! has seen them. Then the flush hook ([`set_flush`]) runs, so the report is exported before
 //! the error reaches the caller: lens-otlp's guard sets both up when it is made global
@@ -54,6 +55,11 @@ pub mod keys {
     /// For each of [`MISSING_RANKS`], the last round the reporting rank knows it took part
     /// in (an integer array in the same order; 0: none yet, -1: the transport cannot tell).
     pub const MISSING_LAST_SEEN: &str = "lens.hang.missing_last_seen";
+    /// Where the reporting rank learnt of [`MISSING_RANKS`] when another rank found them
+    /// missing: the rank it waited for, then the rank that one waits for, and so on (an
+    /// integer array; `[0]` reads "waiting for rank 0, which is waiting for the missing
+    /// ranks"). Absent when the reporting rank found them missing itself.
+    pub const VIA: &str = "lens.hang.via";
     /// The rank that reports.
     pub const RANK: &str = "lens.hang.rank";
     /// How long the round waited, in nanoseconds.
@@ -155,28 +161,39 @@ pub(crate) fn on_error(b: &dyn Broadcaster, e: Error) -> Error {
         after,
         missing,
         last_seen,
+        via,
     } = &e
     {
-        report(b, after.as_nanos(), missing, last_seen);
+        report(b, after.as_nanos(), missing, last_seen, via);
     }
     e
 }
 
-fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize], last_seen: &[(usize, u64)]) {
+fn ints(ranks: &[usize]) -> Value {
+    Value::Array(
+        ranks
+            .iter()
+            .map(|&r| as_i64(r))
+            .collect::<Vec<i64>>()
+            .into(),
+    )
+}
+
+fn report(
+    b: &dyn Broadcaster,
+    waited_ns: u128,
+    missing: &[usize],
+    last_seen: &[(usize, u64)],
+    via: &[usize],
+) {
     let mut attributes = vec![
         KeyValue::new(keys::RANK, as_i64(b.rank())),
-        KeyValue::new(
-            keys::MISSING_RANKS,
-            Value::Array(
-                missing
-                    .iter()
-                    .map(|&r| as_i64(r))
-                    .collect::<Vec<i64>>()
-                    .into(),
-            ),
-        ),
+        KeyValue::new(keys::MISSING_RANKS, ints(missing)),
         KeyValue::new(keys::WAITED_NS, as_i64(waited_ns)),
     ];
+    if !via.is_empty() {
+        attributes.push(KeyValue::new(keys::VIA, ints(via)));
+    }
     if !last_seen.is_empty() {
         let rounds: Vec<i64> = missing
             .iter()
@@ -214,7 +231,8 @@ fn report(b: &dyn Broadcaster, waited_ns: u128, missing: &[usize], last_seen: &[
         );
     }
     span.set_status(Status::error(format!(
-        "timed out waiting for rank(s) {missing:?}"
+        "timed out {}waiting for rank(s) {missing:?}",
+        crate::error::through(via)
     )));
     span.end();
     flush_now();

@@ -60,6 +60,16 @@ struct Shared {
     rounds: Mutex<HashMap<u64, Round>>,
     /// Per rank, how many rounds it has started: a timeout names where each missing rank is.
     started: Vec<AtomicU64>,
+    /// Per rank, the ranks its last round as the root timed out waiting for (empty once a
+    /// later round of its succeeds): a rank that then waits for that root in vain names
+    /// them, the root cause, rather than the root.
+    failed: Mutex<Vec<Vec<usize>>>,
+}
+
+impl Shared {
+    fn failed(&self) -> MutexGuard<'_, Vec<Vec<usize>>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Shared {
@@ -118,6 +128,7 @@ impl LocalCluster {
             max_payload: self.max_payload,
             rounds: Mutex::new(HashMap::new()),
             started: (0..self.world_size).map(|_| AtomicU64::new(0)).collect(),
+            failed: Mutex::new(vec![Vec::new(); self.world_size]),
         });
         (0..self.world_size)
             .map(|rank| LocalBroadcaster {
@@ -137,7 +148,10 @@ impl LocalCluster {
 /// Semantics: a non-root returns as soon as the root's payload is there; the root returns
 /// once every other rank has taken it, so a rank that never joins makes the root fail with
 /// [`Error::Timeout`] naming it, and a root that never joins makes every other rank fail
-/// naming the root. Ranks that disagree on the root get [`Error::Mismatch`].
+/// naming the root; a rank that waits in vain for a root whose own last round timed out
+/// names the ranks that root waited for, with the root as the path (`via`). Ranks other
+/// than the root wait a quarter of the timeout longer than the root, so that the root's
+/// word is in before they give up. Ranks that disagree on the root get [`Error::Mismatch`].
 pub struct LocalBroadcaster {
     shared: Arc<Shared>,
     rank: usize,
@@ -174,7 +188,22 @@ impl LocalBroadcaster {
             after: start.elapsed(),
             last_seen: missing.iter().map(|&r| (r, self.started_by(r))).collect(),
             missing,
+            via: Vec::new(),
         }
+    }
+
+    /// A timeout waiting for `root`: the ranks the root's own last round timed out
+    /// waiting for, where it did (through `root`), else the root.
+    fn timed_out_waiting_for(&self, start: Instant, root: usize) -> Error {
+        let theirs = self.shared.failed().get(root).cloned().unwrap_or_default();
+        if theirs.is_empty() || theirs.contains(&self.rank) {
+            return self.timed_out(start, vec![root]);
+        }
+        let mut e = self.timed_out(start, theirs);
+        if let Error::Timeout { via, .. } = &mut e {
+            via.push(root);
+        }
+        e
     }
 
     /// Waits until `check` returns `Some`, re-checking whenever the event it hands back fires.
@@ -243,7 +272,16 @@ impl Broadcaster for LocalBroadcaster {
         }
         let round_no = self.shared.started[self.rank].fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
-        let deadline = start + self.shared.timeout;
+        // A rank that waits for the root waits a quarter longer than the root waits for
+        // it (as TCP's members do), so that a root that times out first has said which
+        // ranks it waited for before the others give up on it.
+        let timeout = self.shared.timeout;
+        let deadline = start
+            + if payload.is_some() {
+                timeout
+            } else {
+                timeout + timeout / 4
+            };
         let new_round = || Round {
             root,
             payload: None,
@@ -304,7 +342,14 @@ impl Broadcaster for LocalBroadcaster {
                     ?missing,
                     "local broadcast timed out at the root"
                 );
+                drop(rounds);
+                if let Some(mine) = self.shared.failed().get_mut(self.rank) {
+                    mine.clone_from(&missing);
+                }
                 return Err(self.timed_out(start, missing));
+            }
+            if let Some(mine) = self.shared.failed().get_mut(self.rank) {
+                mine.clear();
             }
             Ok(shared.to_vec())
         } else {
@@ -340,7 +385,7 @@ impl Broadcaster for LocalBroadcaster {
                         root,
                         "local broadcast timed out waiting for the root"
                     );
-                    Err(self.timed_out(start, vec![root]))
+                    Err(self.timed_out_waiting_for(start, root))
                 }
             }
         }

@@ -62,9 +62,11 @@ fn build(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
         after,
         missing,
         last_seen,
+        via,
     } = e
     {
         kwargs.set_item("missing_ranks", missing.clone())?;
+        kwargs.set_item("via", via.clone())?;
         kwargs.set_item("after", after.as_secs_f64())?;
         let seen = PyDict::new(py);
         for (rank, round) in last_seen {

@@ -9,7 +9,9 @@
 //! k = n - 1), each rank forwards it to its children, and acknowledgements, each naming the
 //! ranks missing below its sender, flow back up. Rank 0 tells the root how the round ended
 //! (DONE or FAIL, down the path to it: the ranks on the way relay it before they finish),
-//! and tells the children it could not reach that the round failed. Whatever a reset may
+//! and tells the children it could not reach that the round failed; a FAIL also goes to
+//! every other child, whose part of the round is over, so that a later round that waits
+//! for rank 0 in vain names the root cause (`round.rs` keeps it and passes it down). Whatever a reset may
 //! have cut off is sent again: the data to a child that proves the key again within the
 //! round, the root's data once its parent answers its knock, an ack to a parent that sends
 //! the data again, the verdict to the rank on the path that sends the root's data again.
@@ -594,6 +596,16 @@ impl RoundMachine {
         for &r in &missing {
             if r != 0 && r != root {
                 links.send(To::Rank(r), &verdict);
+            }
+        }
+        // Every other child hears it too (and passes it down), though its part of the round
+        // is over: a rank that later waits for rank 0 in vain then names the ranks rank 0
+        // waited for, the root cause, rather than rank 0.
+        let told = self.towards_root();
+        let tree = self.tree;
+        for c in tree.children(self.me) {
+            if Some(c) != told && !missing.contains(&c) {
+                links.send(To::Rank(c), &verdict);
             }
         }
         self.end(Outcome::Missing(missing));

@@ -187,21 +187,70 @@ impl RankState {
             self.note_seen(round, o);
         }
         match outcome {
-            Some(Outcome::Delivered(data)) => Ok(data),
-            Some(Outcome::Missing(missing)) => Err(Error::Timeout {
-                after,
-                last_seen: missing
-                    .iter()
-                    .filter_map(|&r| Some((r, *self.last_seen.get(r)?)))
-                    .collect(),
-                missing,
-            }),
+            Some(Outcome::Delivered(data)) => {
+                self.upstream_missing.clear();
+                Ok(data)
+            }
+            Some(Outcome::Missing(missing)) => {
+                if let Some(e) = self.missing_upstream(&missing, after) {
+                    return Err(e);
+                }
+                Err(Error::Timeout {
+                    after,
+                    last_seen: missing
+                        .iter()
+                        .filter_map(|&r| Some((r, *self.last_seen.get(r)?)))
+                        .collect(),
+                    missing,
+                    via: Vec::new(),
+                })
+            }
             Some(Outcome::WrongRoot(other)) => Err(Error::Mismatch {
                 reason: format!(
                     "round {round}: this rank expected root {root}, the data came from root {other}"
                 ),
             }),
             None => Err(Error::timeout(after, Vec::new())),
+        }
+    }
+
+    /// A member whose round found only the rank above it missing (its parent, or rank 0),
+    /// when rank 0 said its last failed round waited for other ranks: those ranks, the root
+    /// cause, through the path from this rank up to rank 0.
+    fn missing_upstream(&self, missing: &[usize], after: Duration) -> Option<Error> {
+        let parent = self.tree.parent(self.rank)?;
+        let only_above = matches!(missing, [r] if *r == parent || *r == 0);
+        if !only_above
+            || self.upstream_missing.is_empty()
+            || self.upstream_missing.contains(&self.rank)
+        {
+            return None;
+        }
+        let mut via = vec![parent];
+        while let Some(p) = via.last().and_then(|&r| self.tree.parent(r)) {
+            via.push(p);
+        }
+        Some(Error::Timeout {
+            after,
+            missing: self.upstream_missing.clone(),
+            last_seen: Vec::new(),
+            via,
+        })
+    }
+
+    /// Rank 0's word that one of its rounds failed, for want of `missing`, heard from the
+    /// rank above this one after this rank's part of that round was over: kept for a later
+    /// round that waits for rank 0 in vain, and passed on to this rank's children.
+    fn upstream_failed(&mut self, f: &Frame) {
+        let Message::Fail { missing } = &f.msg else {
+            return;
+        };
+        self.upstream_missing.clone_from(missing);
+        let bytes = self.frame(&f.msg, f.round, f.root as usize);
+        for c in self.tree.children(self.rank) {
+            if !self.send_to(To::Rank(c), &bytes) {
+                tracing::debug!(rank = c, "cannot pass rank 0's failed round on (yet)");
+            }
         }
     }
 
@@ -300,7 +349,10 @@ impl RankState {
         if self.answer_repeat(&conn, &f) {
             return;
         }
+        let from_above =
+            !self.is_hub() && from_of(&conn, f.sender) == RoundMachine::up(self.tree, self.rank);
         match f.kind() {
+            Kind::Fail if from_above && f.round <= self.round => self.upstream_failed(&f),
             Kind::Welcome | Kind::JoinFail => {} // answers to a knock after a reconnection
             Kind::Reject => {
                 tracing::error!(message = ?f.msg, "rank 0 turned this rank's new connection away");

@@ -48,6 +48,11 @@ pub(crate) struct RankState {
     pub last_seen: Vec<u64>,
     /// The round this rank returned from as a queued source, until it is over.
     pub open: Option<crate::round::OpenRound>,
+    /// A member: the ranks rank 0's last failed round waited for, as rank 0 told every rank
+    /// it could reach (relayed down the tree); cleared when a later round delivers. A round
+    /// that then waits in vain for the parent names them, the root cause, through the path
+    /// up to rank 0, instead of naming the parent.
+    pub upstream_missing: Vec<usize>,
 }
 
 pub(crate) use crate::handshake::wire_u32 as wire;
@@ -131,6 +136,7 @@ impl RankState {
             last_answers: Vec::new(),
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
             open: None,
+            upstream_missing: Vec::new(),
         }
     }
 

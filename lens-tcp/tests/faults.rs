@@ -183,6 +183,49 @@ fn killed_root_is_named_by_everyone() {
     }
 }
 
+/// Rank 3 leaves; rank 0's next round fails naming it. The other ranks had the data of
+/// that round, so they fail in the round after, waiting for rank 0: each names rank 3, the
+/// root cause, with the path to it (`via`), not rank 0 (star) or its parent (tree).
+fn a_rank_that_leaves_is_named_by_every_rank(fan_out: Option<usize>, paths: &[Vec<usize>]) {
+    let timeout = Duration::from_millis(800);
+    let mut ranks = common::group_with(4, timeout, fan_out);
+    rounds(&ranks, 4);
+    drop(ranks.remove(3));
+    let results = lens_testkit::on_each_rank(&ranks, |b| {
+        let first = blocking::broadcast(b, 0, (b.rank() == 0).then_some(&b"five"[..]));
+        if b.rank() == 0 {
+            // The source stops here, as a training loop does on an error.
+            return first.map(drop);
+        }
+        first?;
+        blocking::broadcast(b, 0, None).map(drop)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(e @ Error::Timeout { missing, via, .. }) => {
+                assert_eq!(missing, &vec![3], "rank {rank}: {e}");
+                assert_eq!(via, &paths[rank], "rank {rank}: {e}");
+                if let Some(first) = via.first() {
+                    let words = format!("waiting for rank {first}, which is ");
+                    assert!(e.to_string().contains(&words), "{e}");
+                }
+            }
+            other => panic!("rank {rank}: expected a timeout naming rank 3, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_is_named_by_every_rank_of_a_star() {
+    a_rank_that_leaves_is_named_by_every_rank(None, &[vec![], vec![0], vec![0]]);
+}
+
+#[test]
+fn a_rank_that_leaves_is_named_by_every_rank_of_a_tree() {
+    // 0 → 1 → 2 → 3: rank 2 waits for rank 1, which waits for rank 0.
+    a_rank_that_leaves_is_named_by_every_rank(Some(1), &[vec![], vec![0], vec![1, 0]]);
+}
+
 #[test]
 fn duplicate_rank_is_turned_away() {
     let timeout = Duration::from_secs(5);

@@ -146,6 +146,35 @@ async fn absent_rank_makes_the_root_time_out_naming_it() {
     }
 }
 
+/// Two steps, rank 3 absent: rank 0's first step fails naming it; the others had that
+/// step's data and fail in the next one waiting for rank 0, naming rank 3 through rank 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_that_wait_for_a_failed_root_name_what_it_waited_for() {
+    let timeout = Duration::from_millis(300);
+    let report = Cluster::builder(4)
+        .timeout(timeout)
+        .absent(3)
+        .build()
+        .run(|r| async move {
+            pipeline_step(r.clone(), Parent::Remote).await?;
+            pipeline_step(r, Parent::Remote).await
+        })
+        .await
+        .expect("run");
+    let errors = report.errors();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    for (rank, e) in errors {
+        match e {
+            Error::Timeout { missing, via, .. } => {
+                assert_eq!(missing, &vec![3], "rank {rank}: {e}");
+                let path: &[usize] = if rank == 0 { &[] } else { &[0] };
+                assert_eq!(via, path, "rank {rank}: {e}");
+            }
+            other => panic!("rank {rank}: expected a timeout, got {other}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_payload_is_an_error_never_a_wrong_carrier() {
     for corruption in [

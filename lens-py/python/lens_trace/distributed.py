@@ -275,7 +275,7 @@ def broadcast_trace_context(
     try:
         got = g.broadcast_map(src_rank, mine)
     except BroadcastTimeout as e:
-        report_hang(g, e.missing_ranks, e.after, e.last_seen)
+        report_hang(g, e.missing_ranks, e.after, e.last_seen, e.via)
         raise
     if rank == src_rank:
         record_arrivals(g, context)

@@ -45,11 +45,16 @@ class BroadcastTimeout(LensError, TimeoutError):
     how many seconds this rank waited. ``last_seen`` maps a missing rank to the last round
     this rank knows it took part in (0: none yet), where the transport knows (TCP's rank 0,
     the in-process cluster): a rank stuck since an earlier step shows an older round.
+    ``via`` is how this rank knows of ``missing_ranks`` when another rank found them
+    missing: the rank it waited for, then the rank that one waits for, and so on (``[0]``:
+    "waiting for rank 0, which is waiting for ``missing_ranks``"); empty when this rank
+    found them missing itself.
     """
 
     missing_ranks: List[int]
     after: Optional[float]
     last_seen: Dict[int, int]
+    via: List[int]
 
     def __init__(
         self,
@@ -58,6 +63,7 @@ class BroadcastTimeout(LensError, TimeoutError):
         missing_ranks: Optional[List[int]] = None,
         after: Optional[float] = None,
         last_seen: Optional[Dict[int, int]] = None,
+        via: Optional[List[int]] = None,
         **kw: Any,
     ) -> None:
         kw.setdefault("kind", "timeout")
@@ -65,6 +71,7 @@ class BroadcastTimeout(LensError, TimeoutError):
         self.missing_ranks = list(missing_ranks or [])
         self.after = after
         self.last_seen = dict(last_seen or {})
+        self.via = list(via or [])
 
 
 class DecodeError(LensError, ValueError):

@@ -6,7 +6,8 @@ write it (the same names, read by the same checks):
   gets ``lens.round.last_rank`` and ``lens.round.spread_ns``, and one ``lens.round.late_rank``
   event per rank later than :func:`set_late_threshold` after the first;
 * when a broadcast times out, the rank leaves a ``lens.hang`` span (``lens.hang.round``,
-  ``lens.hang.missing_ranks``, ``lens.hang.rank``, ``lens.hang.waited_ns``) with one
+  ``lens.hang.missing_ranks``, ``lens.hang.via`` where another rank found them missing,
+  ``lens.hang.rank``, ``lens.hang.waited_ns``) with one
   ``lens.hang.open_span`` event per span still open, as far as an :class:`OpenSpans`
   processor on the provider has seen them, and flushes the provider before the error
   reaches the caller.
@@ -36,6 +37,8 @@ HANG_ROUND = "lens.hang.round"
 HANG_MISSING = "lens.hang.missing_ranks"
 #: For each missing rank, the last round this rank knows it took part in (-1: unknown).
 HANG_MISSING_LAST_SEEN = "lens.hang.missing_last_seen"
+#: Where this rank learnt of the missing ranks when another rank found them missing.
+HANG_VIA = "lens.hang.via"
 HANG_RANK = "lens.hang.rank"
 HANG_WAITED_NS = "lens.hang.waited_ns"
 HANG_OPEN_EVENT = "lens.hang.open_span"
@@ -114,7 +117,11 @@ def record_arrivals(group: Any, context: Optional[Context]) -> None:
 
 
 def report_hang(
-    group: Any, missing: List[int], after: Optional[float], last_seen: Optional[Dict[int, int]] = None
+    group: Any,
+    missing: List[int],
+    after: Optional[float],
+    last_seen: Optional[Dict[int, int]] = None,
+    via: Optional[List[int]] = None,
 ) -> None:
     """A broadcast timed out on this rank: the ``lens.hang`` span, flushed."""
     open_now = open_spans()
@@ -124,6 +131,8 @@ def report_hang(
     }
     if last_seen:
         attributes[HANG_MISSING_LAST_SEEN] = [int(last_seen.get(r, -1)) for r in missing]
+    if via:
+        attributes[HANG_VIA] = [int(r) for r in via]
     if after is not None:
         attributes[HANG_WAITED_NS] = int(after * 1e9)
     rounds = getattr(group, "rounds_started", None)
@@ -136,7 +145,8 @@ def report_hang(
     now = time.time_ns()
     for name, started in open_now[:MAX_HANG_EVENTS]:
         span.add_event(HANG_OPEN_EVENT, {HANG_SPAN_NAME: name, HANG_SPAN_AGE_NS: max(0, now - started)})
-    span.set_status(trace.Status(trace.StatusCode.ERROR, f"timed out waiting for rank(s) {missing}"))
+    through = "".join(f"waiting for rank {r}, which is " for r in (via or []))
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"timed out {through}waiting for rank(s) {missing}"))
     span.end()
     flush = getattr(provider, "force_flush", None)
     if flush is not None:
