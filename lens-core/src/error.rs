@@ -52,7 +52,8 @@ pub enum Error {
         /// How long this rank waited.
         after: Duration,
         /// The ranks that had not shown up when the deadline passed; empty where the
-        /// transport cannot tell (an MPI or NCCL collective).
+        /// transport cannot tell (an NCCL collective; MPI finds out by a roll call after
+        /// the timeout).
         missing: Vec<usize>,
         /// For the missing ranks this rank has news of: `(rank, round)`, the last round
         /// this rank knows that rank took part in, counted as

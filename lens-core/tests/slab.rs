@@ -299,3 +299,62 @@ fn the_blocking_twins_agree_with_the_async_functions() {
     }
     assert_eq!(stops.load(Ordering::SeqCst), 0, "no round failed");
 }
+
+/// A collective that never completes and whose roll call says rank 3 is missing, as
+/// rank 0 found: `named` times its timeout names ranks itself (then no roll call is due).
+struct Stuck {
+    named: bool,
+    calls: Arc<AtomicUsize>,
+}
+
+impl SlabTransport for Stuck {
+    fn broadcast_slab(&mut self, round: &Round, _: &mut Slab, _: Option<usize>) -> Result<()> {
+        if self.named {
+            return Err(Error::timeout(Duration::from_millis(1), vec![2]));
+        }
+        Err(round.timed_out())
+    }
+
+    fn broadcast_rest(&mut self, round: &Round, _: &mut [u8]) -> Result<()> {
+        Err(round.timed_out())
+    }
+
+    fn roll_call(
+        &mut self,
+        round: u64,
+        wait: Duration,
+    ) -> Option<lens_core::backend::slab::RollCall> {
+        assert_eq!((round, wait), (1, Duration::from_millis(50)));
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Some(lens_core::backend::slab::RollCall::new(vec![3], vec![0]))
+    }
+}
+
+#[test]
+fn a_timeout_that_names_no_rank_asks_the_transport_once() {
+    for (why, named, calls, missing, via) in [
+        ("the collective cannot tell", false, 1, vec![3], vec![0]),
+        ("the transport named them itself", true, 0, vec![2], vec![]),
+    ] {
+        let count = Arc::new(AtomicUsize::new(0));
+        let t = Stuck {
+            named,
+            calls: Arc::clone(&count),
+        };
+        let opts = SlabOptions::default().timeout(Duration::from_millis(50));
+        let b = SlabBroadcaster::new("test", *b"TEST", t, (1, 4), &opts).expect("a slab group");
+        let got = blocking::broadcast(&b, 0, None);
+        match &got {
+            Err(Error::Timeout {
+                missing: m, via: v, ..
+            }) => assert_eq!((m, v), (&missing, &via), "{why}: {got:?}"),
+            other => panic!("{why}: expected a timeout, got {other:?}"),
+        }
+        // Refused afterwards, with no second roll call.
+        assert!(matches!(
+            blocking::broadcast(&b, 0, None),
+            Err(Error::Closed { .. })
+        ));
+        assert_eq!(count.load(Ordering::SeqCst), calls, "{why}");
+    }
+}

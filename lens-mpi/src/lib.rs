@@ -28,7 +28,16 @@
 //! arrives turns into [`Error::Timeout`] instead of a hang. MPI cannot cancel a collective,
 //! so after a timeout the buffer is left to MPI (leaked on purpose) and the broadcaster
 //! refuses further rounds with [`Error::Closed`]: the usual reaction is to exit non-zero,
-//! and the launcher then stops the job.
+//! and the launcher then stops the job. A collective cannot say which rank is missing, so
+//! a timeout is followed by a **roll call** with point-to-point messages of their own:
+//! every rank tells rank 0 of the communicator it is here and waits up to one more timeout
+//! for rank 0's verdict; rank 0 waits up to half a timeout for them and tells those that
+//! answered who did not. The timeout then names the ranks that did not answer on every
+//! rank (`missing`), through rank 0 on the others (`via` `[0]`); a rank that hears no
+//! verdict names rank 0. Limits: a rank whose own timeout comes more than half a timeout
+//! after rank 0's is named missing by rank 0 and names rank 0 itself; one roll call per
+//! broadcaster (it is closed after it), on the communicator it was given, so give each
+//! broadcaster a communicator of its own (`world.duplicate()`).
 //!
 //! **Configuration.** [`MpiBroadcasterBuilder::from_env`] starts from the variables of
 //! [`mod@env`] (slab size, deadline, payload limit, how rounds travel) and returns the builder, so code can still

@@ -383,6 +383,123 @@ pub(crate) fn gather(
     }
 }
 
+/// A rank's "here" in a roll call, to rank 0.
+const HERE_TAG: c_int = 0x4c48;
+/// Rank 0's verdict of a roll call: who did not answer.
+const VERDICT_TAG: c_int = 0x4c56;
+/// Between two passes over a roll call's requests: a roll call runs once, after a failure.
+const ROLL_CALL_PAUSE: Duration = Duration::from_millis(1);
+
+/// Tests each of `requests` until all completed or `until` passes; which completed.
+fn poll_each(requests: &mut [ffi::MPI_Request], until: Instant) -> Result<Vec<bool>> {
+    let mut done = vec![false; requests.len()];
+    loop {
+        for (request, done) in requests.iter_mut().zip(done.iter_mut()) {
+            if *done {
+                continue;
+            }
+            let mut flag: c_int = 0;
+            // SAFETY: a live request made by `start_p2p` (MPI sets it to the null request
+            // once complete, and `done` keeps it from being tested again).
+            let rc = unsafe { ffi::MPI_Test(request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                return Err(mpi_error("MPI_Test", rc));
+            }
+            *done = flag != 0;
+        }
+        if done.iter().all(|d| *d) || Instant::now() >= until {
+            return Ok(done);
+        }
+        std::thread::sleep(ROLL_CALL_PAUSE);
+    }
+}
+
+/// `len` i64s that MPI may use for the rest of the process: a roll call's requests may
+/// never complete (a rank that is gone), so their buffers are never freed. A few bytes,
+/// once per broadcaster, after its failure.
+fn leaked_i64s(len: usize) -> *mut i64 {
+    Box::leak(vec![0i64; len].into_boxed_slice()).as_mut_ptr()
+}
+
+/// After a round (the `round`-th this rank started) timed out, finds out which ranks are
+/// still here with messages apart from the stuck collective. Every rank other than 0 tells
+/// rank 0 it is here and waits up to `wait` for rank 0's verdict: the ranks that did not
+/// answer, through rank 0 (`via` `[0]`); without a verdict, rank 0 itself is the one
+/// missing. Rank 0 waits up to `wait / 2` for every other rank to say it is here and tells
+/// those that did who did not. `None` when every rank answered (none is missing, so the
+/// timeout has another cause) or on a one-rank group.
+pub(crate) fn roll_call(
+    comm: &SimpleCommunicator,
+    ranks: Ranks,
+    round: u64,
+    wait: Duration,
+) -> Result<Option<lens_core::backend::slab::RollCall>> {
+    use lens_core::backend::slab::RollCall;
+    let n = usize::try_from(ranks.size).unwrap_or(0);
+    if n < 2 {
+        return Ok(None);
+    }
+    let verdict_len = as_c_int(n + 1, "verdict of")?;
+    // SAFETY (each call below): the buffers are leaked, so they outlive any request that
+    // may still use them; each receive writes into its own slot; the communicator is valid
+    // while the caller holds it; the datatype is a predefined MPI constant.
+    let int64 = unsafe { ffi::RSMPI_INT64_T };
+    if ranks.me != 0 {
+        let here = leaked_i64s(1);
+        unsafe { *here = i64::try_from(round).unwrap_or(i64::MAX) };
+        let mut requests = Vec::with_capacity(2);
+        let out = (here.cast::<c_void>(), 1, int64);
+        unsafe { start_p2p(Way::Send, out, 0, HERE_TAG, comm, &mut requests) }?;
+        let verdict = leaked_i64s(n + 1);
+        let into = (verdict.cast::<c_void>(), verdict_len, int64);
+        unsafe { start_p2p(Way::Recv, into, 0, VERDICT_TAG, comm, &mut requests) }?;
+        let heard = poll_each(&mut requests[1..], Instant::now() + wait)?;
+        if !heard.first().copied().unwrap_or(false) {
+            tracing::warn!(round, "rank 0 did not answer the roll call after a timeout");
+            return Ok(Some(RollCall::new(vec![0], Vec::new())));
+        }
+        // SAFETY: the receive completed, so MPI has written the verdict and no longer uses it.
+        let words = unsafe { std::slice::from_raw_parts(verdict, n + 1) };
+        let count = usize::try_from(words[0]).unwrap_or(0).min(n);
+        let me = usize::try_from(ranks.me).unwrap_or(0);
+        let missing: Vec<usize> = words[1..=count]
+            .iter()
+            .filter_map(|&r| usize::try_from(r).ok())
+            .filter(|&r| r < n && r != me)
+            .collect();
+        return Ok((!missing.is_empty()).then(|| RollCall::new(missing, vec![0])));
+    }
+    let slots = leaked_i64s(n);
+    let mut requests = Vec::with_capacity(n - 1);
+    for from in 1..ranks.size {
+        let slot = usize::try_from(from).unwrap_or(0);
+        let into = (unsafe { slots.add(slot) }.cast::<c_void>(), 1, int64);
+        unsafe { start_p2p(Way::Recv, into, from, HERE_TAG, comm, &mut requests) }?;
+    }
+    let answered = poll_each(&mut requests, Instant::now() + wait / 2)?;
+    let missing: Vec<usize> = (1..n).filter(|&r| !answered[r - 1]).collect();
+    tracing::warn!(round, ?missing, "roll call after a timeout");
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let verdict = leaked_i64s(n + 1);
+    // SAFETY: the buffer holds n + 1 i64s and no request uses it yet.
+    let words = unsafe { std::slice::from_raw_parts_mut(verdict, n + 1) };
+    words[0] = i64::try_from(missing.len()).unwrap_or(0);
+    for (w, &r) in words[1..].iter_mut().zip(&missing) {
+        *w = i64::try_from(r).unwrap_or(-1);
+    }
+    let mut sends = Vec::with_capacity(n - 1);
+    for to in (1..n).filter(|r| answered[r - 1]) {
+        let out = (verdict.cast::<c_void>(), verdict_len, int64);
+        let to = as_c_int(to, "rank")?;
+        unsafe { start_p2p(Way::Send, out, to, VERDICT_TAG, comm, &mut sends) }?;
+    }
+    // Small messages leave at once; a rank that stopped reading is not waited for long.
+    poll_each(&mut sends, Instant::now() + wait / 4)?;
+    Ok(Some(RollCall::new(missing, Vec::new())))
+}
+
 /// Runs one `MPI_Ibcast` of `buf` from `root` and polls it until it completes or the
 /// deadline passes. Gives the buffer back when done; `None` on a timeout, when the buffer
 /// is leaked because MPI may still write into it.

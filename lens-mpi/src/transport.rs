@@ -3,10 +3,10 @@
 #![allow(unsafe_code)]
 
 use lens_core::Result;
-use lens_core::backend::slab::{Round, Slab, SlabTransport};
+use lens_core::backend::slab::{RollCall, Round, Slab, SlabTransport};
 use mpi::topology::SimpleCommunicator;
 
-use crate::request::{Persistent, Ranks, direct, gather, ibcast};
+use crate::request::{Persistent, Ranks, direct, gather, ibcast, roll_call};
 
 /// Roots that get a persistent broadcast of their own; rounds from others use `MPI_Ibcast`.
 /// Each prepared broadcast holds a slab and the library's schedule; sources are usually a
@@ -142,6 +142,13 @@ impl SlabTransport for Mpi {
             Some(values) => Ok(Some(values)),
             None => Err(round.timed_out()),
         }
+    }
+
+    fn roll_call(&mut self, round: u64, wait: std::time::Duration) -> Option<RollCall> {
+        roll_call(&self.comm, self.ranks, round, wait).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the roll call after a timeout failed");
+            None
+        })
     }
 }
 

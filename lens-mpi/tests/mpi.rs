@@ -26,6 +26,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("settings_from_the_environment", 2, true),
     ("skipped_call_times_out", 2, false),
     ("rank_that_never_builds_times_out", 2, false),
+    ("absent_rank_is_named_by_every_rank", 4, false),
     ("arrivals_name_the_straggler", 3, true),
     ("transfer_measured", 4, true),
     // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
@@ -506,6 +507,64 @@ fn rank_main(case: &str) {
                     other.map(|_| ())
                 ),
             }
+        }
+        "absent_rank_is_named_by_every_rank" => {
+            // Rank 3 stops taking part after the first round. The others time out (rank 0
+            // and the rest in different rounds, maybe), and the roll call that follows
+            // makes every one of them name rank 3: rank 0 itself, the others through it.
+            use mpi::collective::SystemOperation;
+            use mpi::topology::Color;
+            let colour = if me == 3 {
+                Color::undefined()
+            } else {
+                Color::with_value(0)
+            };
+            let live = world.split_by_color(colour);
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .timeout(Duration::from_secs(1))
+                    .arrivals_every(1)
+                    .build(),
+                "build",
+            );
+            check(
+                blocking::broadcast(&b, 0, (me == 0).then_some(&b"first"[..])),
+                "first round",
+            );
+            if me == 3 {
+                std::thread::sleep(Duration::from_secs(30));
+                std::process::exit(0);
+            }
+            let mut failed = None;
+            for _ in 0..3 {
+                if let Err(e) = blocking::broadcast(&b, 0, (me == 0).then_some(&b"step"[..])) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let path: Vec<usize> = if me == 0 { Vec::new() } else { vec![0] };
+            let named = matches!(
+                &failed,
+                Some(Error::Timeout { missing, via, .. }) if missing == &vec![3] && via == &path
+            );
+            println!("rank {me}: {failed:?}; names rank 3 through {path:?}: {named}");
+            // The live ranks count how many named rank 3 as they should.
+            let live = live.expect("ranks 0 to 2 have a colour");
+            let mine = i32::from(named);
+            if me == 0 {
+                let mut all = 0i32;
+                live.process_at_rank(0)
+                    .reduce_into_root(&mine, &mut all, SystemOperation::sum());
+                if all == 3 {
+                    println!("every live rank timed out as expected, naming rank 3");
+                }
+            } else {
+                live.process_at_rank(0)
+                    .reduce_into(&mine, SystemOperation::sum());
+            }
+            // Collectives are pending on the broadcaster's communicator: leave without
+            // finalising, the launcher ends the job.
+            std::process::exit(3);
         }
         "skipped_call_times_out" => {
             let b = check(

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -15,6 +14,7 @@ use opentelemetry_sdk::trace::{
     SpanExporter as SdkSpanExporter, TracerProviderBuilder,
 };
 
+use crate::clock::ClockShift;
 use crate::counted::{CountingExporter, CountingProcessor, Counts};
 use crate::endpoint::{Endpoint, Protocol, endpoint_from_vars, protocol_from, url_for};
 use crate::env;
@@ -435,10 +435,9 @@ impl OtlpBuilder {
             provider = add(provider);
         }
         let counts = Arc::new(Counts::default());
-        let shift = Arc::new(AtomicI64::new(match self.clock {
-            Some(c) if self.correct_timestamps => c.offset_ns,
-            _ => 0,
-        }));
+        let clock = self
+            .correct_timestamps
+            .then(|| Arc::new(ClockShift::new(self.clock)));
         let mut runtime = None;
         let mut target = None;
         if exporting {
@@ -466,7 +465,6 @@ impl OtlpBuilder {
             let exporter = CountingExporter {
                 inner: exporter,
                 counts: Arc::clone(&counts),
-                shift_ns: Arc::clone(&shift),
             };
             let config = self
                 .batch
@@ -474,6 +472,7 @@ impl OtlpBuilder {
             let processor = CountingProcessor {
                 inner: BatchSpanProcessor::new(exporter, config),
                 counts: Arc::clone(&counts),
+                clock: clock.clone(),
             };
             provider = provider.with_span_processor(processor);
             target = Some((protocol, url));
@@ -485,7 +484,7 @@ impl OtlpBuilder {
             runtime,
             target,
             shutdown_timeout,
-            self.correct_timestamps.then_some(shift),
+            clock,
         ))
     }
 }

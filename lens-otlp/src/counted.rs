@@ -5,13 +5,15 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::Context;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
+
+use crate::clock::ClockShift;
 
 /// Counts shared by the processor, the exporter and the guard.
 #[derive(Debug, Default)]
@@ -55,11 +57,13 @@ impl ExportStats {
     }
 }
 
-/// The batch processor, counting the spans it is handed.
+/// The batch processor, counting the spans it is handed and moving each onto the
+/// reference clock as it ends (where timestamps are corrected).
 #[derive(Debug)]
 pub(crate) struct CountingProcessor<P> {
     pub(crate) inner: P,
     pub(crate) counts: Arc<Counts>,
+    pub(crate) clock: Option<Arc<ClockShift>>,
 }
 
 impl<P: SpanProcessor> SpanProcessor for CountingProcessor<P> {
@@ -67,8 +71,11 @@ impl<P: SpanProcessor> SpanProcessor for CountingProcessor<P> {
         self.inner.on_start(span, cx);
     }
 
-    fn on_end(&self, span: SpanData) {
+    fn on_end(&self, mut span: SpanData) {
         self.counts.ended.fetch_add(1, Ordering::AcqRel);
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut span);
+        }
         self.inner.on_end(span);
     }
 
@@ -94,36 +101,11 @@ impl<P: SpanProcessor> SpanProcessor for CountingProcessor<P> {
 pub(crate) struct CountingExporter<E> {
     pub(crate) inner: E,
     pub(crate) counts: Arc<Counts>,
-    /// Nanoseconds subtracted from every timestamp (this rank's clock offset from the
-    /// reference rank's), so that the ranks line up in the backend; zero for none. Shared
-    /// with the guard, which moves it when the offset is measured again.
-    pub(crate) shift_ns: Arc<AtomicI64>,
-}
-
-/// `t` moved back by `ns` nanoseconds (forward when negative).
-fn shifted(t: std::time::SystemTime, ns: i64) -> std::time::SystemTime {
-    let d = Duration::from_nanos(ns.unsigned_abs());
-    if ns >= 0 {
-        t.checked_sub(d).unwrap_or(t)
-    } else {
-        t.checked_add(d).unwrap_or(t)
-    }
 }
 
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
-    async fn export(&self, mut batch: Vec<SpanData>) -> OTelSdkResult {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
-        // One reading per batch: a batch is moved by one offset.
-        let shift = self.shift_ns.load(Ordering::Relaxed);
-        if shift != 0 {
-            for s in &mut batch {
-                s.start_time = shifted(s.start_time, shift);
-                s.end_time = shifted(s.end_time, shift);
-                for e in &mut s.events.events {
-                    e.timestamp = shifted(e.timestamp, shift);
-                }
-            }
-        }
         let result = self.inner.export(batch).await;
         match &result {
             Ok(()) => {

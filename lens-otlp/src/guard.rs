@@ -1,7 +1,7 @@
 //! The rank's provider and the guard that flushes it and reports what was lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lens_core::{Error, RankInfo, Result};
@@ -9,6 +9,7 @@ use opentelemetry::InstrumentationScope;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
+use crate::clock::ClockShift;
 use crate::counted::{Counts, ExportStats};
 use crate::endpoint::Protocol;
 
@@ -28,8 +29,8 @@ pub struct OtlpGuard {
     done: bool,
     /// The id of the hang-report flush this guard set ([`OtlpGuard::set_global`]); 0: none.
     hang_flush: AtomicU64,
-    /// The exporter's timestamp shift, where timestamps are corrected.
-    shift_ns: Option<Arc<AtomicI64>>,
+    /// The offset exported spans are moved by, where timestamps are corrected.
+    clock: Option<Arc<ClockShift>>,
 }
 
 impl std::fmt::Debug for OtlpGuard {
@@ -50,7 +51,7 @@ impl OtlpGuard {
         runtime: Option<tokio::runtime::Runtime>,
         target: Option<(Protocol, String)>,
         shutdown_timeout: Duration,
-        shift_ns: Option<Arc<AtomicI64>>,
+        clock: Option<Arc<ClockShift>>,
     ) -> Self {
         OtlpGuard {
             provider,
@@ -61,20 +62,21 @@ impl OtlpGuard {
             shutdown_timeout,
             done: false,
             hang_flush: AtomicU64::new(0),
-            shift_ns,
+            clock,
         }
     }
 
     /// This rank's clock offset measured again (a `lens_core::ClockTracker` step, or
-    /// `lens_core::measure_clock_offsets`): spans exported from now on are moved onto the
-    /// reference clock by it (each batch by the offset in force when it is sent, so spans
-    /// that ended just before are moved by the new one: offsets change slowly). The
-    /// resource keeps the offset given at build (`OtlpBuilder::clock_offset`): a provider's
-    /// resource is fixed for its life. Does nothing where timestamps are not corrected
-    /// (`OtlpBuilder::correct_timestamps(false)`).
+    /// `lens_core::measure_clock_offsets`): spans that end from now on are moved onto the
+    /// reference clock by it; each span is moved as it ends, so one that ended before
+    /// keeps the figure of its time, whenever its batch is sent. The resource keeps the
+    /// offset given at build (`OtlpBuilder::clock_offset`): a provider's resource is fixed
+    /// for its life, so a span moved by another figure carries it as its own
+    /// `lens.clock.offset_ns` and `lens.clock.error_ns`. Does nothing where timestamps are
+    /// not corrected (`OtlpBuilder::correct_timestamps(false)`).
     pub fn set_clock_offset(&self, clock: lens_core::ClockOffset) {
-        if let Some(shift) = &self.shift_ns {
-            shift.store(clock.offset_ns, Ordering::Relaxed);
+        if let Some(shift) = &self.clock {
+            shift.set(clock);
         }
     }
 

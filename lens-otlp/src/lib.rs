@@ -46,6 +46,7 @@
 )]
 
 mod builder;
+mod clock;
 mod counted;
 mod endpoint;
 pub mod env;

@@ -288,9 +288,9 @@ fn a_remeasured_offset_moves_later_spans() {
         let before = lens_core::clock::system_now_ns() as i64;
         guard.tracer("t").start(name).end();
         let after = lens_core::clock::system_now_ns() as i64;
-        guard.force_flush().expect("flushed");
         windows.push((before, after));
     }
+    // No flush in between: the three went in one batch, each moved by its own figure.
     guard.shutdown().expect("exported");
     let spans = receiver.wait_for(3, Duration::from_secs(10));
     for ((why, offset, name), (before, after)) in rows.iter().zip(windows) {
@@ -307,6 +307,10 @@ fn a_remeasured_offset_moves_later_spans() {
             Some(2_000_000_000),
             "{why}: the resource keeps the first"
         );
+        // A span moved by another figure than the resource's names it.
+        let own = (*offset != 2_000_000_000).then_some(*offset);
+        assert_eq!(span.int("lens.clock.offset_ns"), own, "{why}");
+        assert_eq!(span.int("lens.clock.error_ns"), own.map(|_| 1_000), "{why}");
     }
 }
 

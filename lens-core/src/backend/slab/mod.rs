@@ -6,7 +6,9 @@
 //! by a deadline) and wraps it in a [`SlabBroadcaster`], which is a [`Broadcaster`]: it checks the
 //! arguments, runs the round, and after any failure part-way (a timeout, a foreign or
 //! mismatched header, a transport error) stops the transport once and refuses every later
-//! round with [`Error::Closed`], since this rank is then out of step with its peers.
+//! round with [`Error::Closed`], since this rank is then out of step with its peers. A
+//! round that times out first asks the transport which ranks are missing
+//! ([`SlabTransport::roll_call`]), where it can tell (MPI can; NCCL cannot).
 
 mod format;
 mod options;
@@ -88,7 +90,8 @@ impl Round {
     }
 
     /// The error of a round that missed its deadline. A collective cannot tell which ranks
-    /// are missing, so none are named.
+    /// are missing, so none are named (the slab group then asks
+    /// [`SlabTransport::roll_call`]).
     pub fn timed_out(&self) -> Error {
         Error::timeout(self.started().elapsed(), Vec::new())
     }
@@ -165,6 +168,33 @@ pub trait SlabTransport: Send {
     fn gather_i64(&mut self, round: &Round, value: i64) -> Result<Option<Vec<i64>>> {
         let _ = (round, value);
         Ok(None)
+    }
+
+    /// Called once, after a round (the `round`-th this rank started) timed out without
+    /// naming the missing ranks, as a collective cannot: which ranks are still here, asked
+    /// by a means apart from the stuck collective, within about `wait`. `None`, the
+    /// default, where the transport cannot ask (the timeout then names no rank).
+    fn roll_call(&mut self, round: u64, wait: Duration) -> Option<RollCall> {
+        let _ = (round, wait);
+        None
+    }
+}
+
+/// What a [`SlabTransport::roll_call`] found: the ranks that did not answer, and how this
+/// rank knows (they become the timeout's `missing` and `via`, see [`Error::Timeout`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RollCall {
+    /// The ranks that did not answer: the root cause of the timeout.
+    pub missing: Vec<usize>,
+    /// The ranks this rank heard it through, nearest first (empty: this rank asked itself).
+    pub via: Vec<usize>,
+}
+
+impl RollCall {
+    /// `missing` ranks, heard through `via`.
+    pub fn new(missing: Vec<usize>, via: Vec<usize>) -> Self {
+        RollCall { missing, via }
     }
 }
 
@@ -317,7 +347,18 @@ impl<T: SlabTransport> SlabBroadcaster<T> {
             });
         }
         let round = Round::new(root, self.timeout);
-        let result = f(transport, slab, &round);
+        let timeout = self.timeout;
+        let result = f(transport, slab, &round).map_err(|mut e| {
+            // The collective cannot say who is missing: the transport may find out.
+            if let Error::Timeout { missing, via, .. } = &mut e
+                && missing.is_empty()
+                && let Some(call) = transport.roll_call(*rounds, timeout)
+            {
+                *missing = call.missing;
+                *via = call.via;
+            }
+            e
+        });
         if let Err(e) = &result {
             *broken = Some(format!(
                 "an earlier round failed ({e}), and this rank is out of step with its peers"
