@@ -52,8 +52,8 @@ timeout 1500 cargo test --workspace --all-targets --all-features
 
 step "a real clock 2.5 s ahead (faketime): lens measures the offset over TCP"
 timeout 300 cargo test -q --workspace --all-features --test clock -- --ignored --exact a_rank_under_faketime_is_measured_2_5_s_ahead
-step "a real clock 2.5 s ahead (faketime): the demo lines a rank's spans up with its step"
-timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored --exact a_rank_2_5_s_ahead_lines_up_with_its_step
+step "a real clock 2.5 s ahead (faketime): the demo exports a rank's spans on rank 0's clock over OTLP (TCP star and tree)"
+timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored --exact a_rank_2_5_s_ahead_is_exported_on_rank_0s_clock
 
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored

@@ -78,6 +78,38 @@ def test_a_timeout_leaves_a_hang_report_first():
     assert "train_step" in open_names and "lens.hang" not in open_names
 
 
+def test_every_rank_s_hang_report_names_the_root_cause():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    lens_trace.set_hang_provider(provider)
+
+    def rank_main(rank):
+        # Rank 2 never comes to the second step: rank 0 times out waiting for it; rank 1,
+        # which had that step's context, times out in the third waiting for rank 0.
+        broadcast_trace_context(rank, src_rank=0)
+        if rank == 2:
+            return None
+        try:
+            broadcast_trace_context(rank, src_rank=0)
+            broadcast_trace_context(rank, src_rank=0)
+        except lens_trace.BroadcastTimeout as e:
+            return e.missing_ranks, e.via, str(e)
+        return None
+
+    try:
+        got = lens_trace.run_local(3, rank_main, timeout=0.3)
+    finally:
+        lens_trace.set_hang_provider(None)
+    assert got[0][:2] == ([2], [])
+    assert got[1][:2] == ([2], [0]), got[1]
+    assert "waiting for rank 0, which is waiting for rank(s) [2]" in got[1][2]
+    reports = {s.attributes["lens.hang.rank"]: s for s in exporter.get_finished_spans() if s.name == "lens.hang"}
+    assert sorted(reports) == [0, 1]
+    assert list(reports[1].attributes["lens.hang.missing_ranks"]) == [2]
+    assert list(reports[1].attributes["lens.hang.via"]) == [0]
+    assert "lens.hang.via" not in reports[0].attributes
+
+
 def test_clock_offsets_on_one_clock_are_within_their_bound():
     def rank_main(rank):
         return get_group().clock_offsets(reference=0, repetitions=3)

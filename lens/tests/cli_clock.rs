@@ -1,16 +1,23 @@
-//! Real clocks in the demo: two `lens demo --backend tcp --rank R` processes, rank 1 under
-//! libfaketime 2.5 s ahead. Rank 1 measures its offset within 1 ms of 2.5 s, and its
-//! spans, moved onto rank 0's clock by that offset, fall inside rank 0's step (unmoved they
-//! would be 2.5 s after it).
+//! Real clocks in the demo, through a real OTLP receiver: three `lens demo --backend tcp
+//! --rank R --otlp` processes, rank 2 under libfaketime 2.5 s ahead, as a star and as a
+//! tree (0 → 1 → 2). What the receiver gets is on rank 0's clock: every resource names its
+//! offset, and rank 2's spans start inside the step they belong to (unmoved they would be
+//! 2.5 s after it). What each rank prints for the job's view (the waterfall and `--out`
+//! draw these lines as they are) is moved too.
 #![cfg(feature = "tcp")]
+
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use lens::testkit::otlp::Receiver;
 use lens::testkit::process::{Supervised, wait_all};
 use serde_json::Value;
 
 const AHEAD_NS: f64 = 2.5e9;
+const RANKS: usize = 3;
+const STEPS: usize = 3;
 
 fn lines(out: &str, prefix: &str) -> Vec<Value> {
     out.lines()
@@ -19,18 +26,17 @@ fn lines(out: &str, prefix: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-#[allow(clippy::print_stderr)]
-#[ignore = "needs faketime (Debian package faketime): scripts/test.sh installs it and runs this with --ignored"]
-fn a_rank_2_5_s_ahead_lines_up_with_its_step() {
+/// Runs the three ranks with `vars`, rank 2 under faketime; each rank's stdout.
+fn run_job(receiver: &Receiver, vars: &[(&str, &str)]) -> Vec<String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a port")
         .port();
     let exe = env!("CARGO_BIN_EXE_lens");
+    let endpoint = receiver.http_endpoint();
     let mut children = Vec::new();
-    for rank in 0..2 {
-        let mut cmd = if rank == 1 {
+    for rank in 0..RANKS {
+        let mut cmd = if rank == 2 {
             let mut c = Command::new("faketime");
             // Only the wall clock: libzmq's timers keep the real monotonic clock.
             c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
@@ -40,56 +46,66 @@ fn a_rank_2_5_s_ahead_lines_up_with_its_step() {
             Command::new(exe)
         };
         cmd.args(["demo", "--backend", "tcp", "--emit-spans", "--quiet"])
-            .args(["--rank", &rank.to_string(), "--world", "2", "--steps", "3"])
+            .args(["--rank", &rank.to_string(), "--world", &RANKS.to_string()])
+            .args(["--steps", &STEPS.to_string(), "--otlp", &endpoint])
             .args(["--addr", &format!("127.0.0.1:{port}"), "--timeout", "10"])
             .env("LENS_TCP_KEY", "the demo clock test's job key, long enough")
             .env_remove("LENS_TCP_KEY_FILE")
+            .envs(vars.iter().copied())
             .stdin(Stdio::null());
         children.push(
             Supervised::spawn(&mut cmd, Duration::from_secs(90))
                 .expect("start a rank (is faketime installed?)"),
         );
     }
-    let outs: Vec<String> = wait_all(children, |_, _| {})
+    wait_all(children, |_, _| {})
         .into_iter()
         .map(|done| {
             assert!(done.success(), "{}", done.output());
             done.stdout
         })
-        .collect();
-    let clock = lines(&outs[1], "lens-clock ");
-    let offset = clock
-        .first()
-        .and_then(|c| c.get("offset_ns")?.as_f64())
-        .unwrap_or_else(|| panic!("rank 1 printed no clock line:\n{}", outs[1]));
-    eprintln!("rank 1 under faketime +2.5 s: offset {offset} ns");
-    assert!(
-        (offset - AHEAD_NS).abs() < 1e6,
-        "offset {offset} ns, not 2.5 s within 1 ms"
-    );
+        .collect()
+}
 
-    let steps = lines(&outs[0], "lens-span ");
-    let stages = lines(&outs[1], "lens-span ");
-    assert_eq!(stages.len(), 3, "{}", outs[1]);
-    for s in &stages {
-        let step = s.get("step").and_then(Value::as_i64).expect("step");
-        let root = steps
-            .iter()
-            .find(|r| r.get("step").and_then(Value::as_i64) == Some(step))
-            .expect("rank 0's step");
-        let (r0, r1) = (
-            root["start_us"].as_f64().expect("start"),
-            root["end_us"].as_f64().expect("end"),
-        );
-        let start = s["start_us"].as_f64().expect("start");
-        let moved = start - offset / 1000.0;
+#[test]
+#[ignore = "needs faketime (Debian package faketime): scripts/test.sh installs it and runs this with --ignored"]
+fn a_rank_2_5_s_ahead_is_exported_on_rank_0s_clock() {
+    // (layout, its variables)
+    for (layout, vars) in [
+        ("star", &[][..]),
+        ("tree 0 → 1 → 2", &[("LENS_TCP_FAN_OUT", "1")][..]),
+    ] {
+        let receiver = Receiver::start().expect("receiver");
+        let outs = run_job(&receiver, vars);
+        common::otlp::check_on_rank_0s_clock(&receiver, RANKS, STEPS, 2, AHEAD_NS);
+
+        // What rank 2 printed for the job's view: its offset, and its spans moved.
+        let offset = lines(&outs[2], "lens-clock ")
+            .first()
+            .and_then(|c| c.get("offset_ns")?.as_f64())
+            .unwrap_or_else(|| panic!("{layout}: rank 2 printed no clock line:\n{}", outs[2]));
         assert!(
-            r0 <= moved && moved <= r1,
-            "step {step}: rank 1's span at {moved} µs (moved) is not inside rank 0's step [{r0}, {r1}]"
+            (offset - AHEAD_NS).abs() < 1e6,
+            "{layout}: offset {offset} ns, not 2.5 s within 1 ms"
         );
-        assert!(
-            start > r1 + 2e6,
-            "step {step}: unmoved, rank 1's span is 2.5 s late"
-        );
+        let steps = lines(&outs[0], "lens-span ");
+        let stages = lines(&outs[2], "lens-span ");
+        assert_eq!(stages.len(), STEPS, "{layout}: {}", outs[2]);
+        for s in &stages {
+            let step = s.get("step").and_then(Value::as_i64).expect("step");
+            let root = steps
+                .iter()
+                .find(|r| r.get("step").and_then(Value::as_i64) == Some(step))
+                .expect("rank 0's step");
+            let (r0, r1) = (
+                root["start_us"].as_f64().expect("start"),
+                root["end_us"].as_f64().expect("end"),
+            );
+            let start = s["start_us"].as_f64().expect("start");
+            assert!(
+                r0 <= start && start <= r1,
+                "{layout}, step {step}: rank 2's span at {start} µs is not inside rank 0's step [{r0}, {r1}]"
+            );
+        }
     }
 }

@@ -179,3 +179,58 @@ fn tcp_demo_exports_from_every_rank_process() {
     );
     check_demo_spans(&receiver, 3, 2, Via::Http);
 }
+
+/// `--inject absent:3` on four TCP processes with `--otlp`: rank 0's step fails waiting for
+/// rank 3; ranks 1 and 2, which had that step's data, fail in the next one waiting for
+/// rank 0 (and, in a tree, rank 2 for rank 1). Every rank's exported `lens.hang` names
+/// rank 3, with the path to it. As a star and as a tree (0 → 1 → 2 → 3).
+#[cfg(feature = "tcp")]
+#[test]
+fn tcp_hang_reports_name_the_absent_rank_on_every_rank() {
+    // (layout, its variables, each rank's path to rank 3)
+    let star: &[(usize, &[i64])] = &[(0, &[]), (1, &[0]), (2, &[0])];
+    let tree: &[(usize, &[i64])] = &[(0, &[]), (1, &[0]), (2, &[1, 0])];
+    for (layout, vars, paths) in [
+        ("star", &[][..], star),
+        ("tree", &[("LENS_TCP_FAN_OUT", "1")][..], tree),
+    ] {
+        let receiver = Receiver::start().expect("receiver");
+        let endpoint = receiver.http_endpoint();
+        let run = lens(
+            &[
+                "demo",
+                "--backend",
+                "tcp",
+                "--ranks",
+                "4",
+                "--steps",
+                "2",
+                "--inject",
+                "absent:3",
+                "--timeout",
+                "1",
+                "--otlp",
+                &endpoint,
+            ],
+            vars,
+            DEADLINE,
+        );
+        assert!(!run.ok, "{layout}: {}", run.stdout);
+        common::otlp::check_hang_reports(&receiver, 3, paths);
+        // The terminal says the same.
+        for (rank, via) in paths.iter().filter(|(_, via)| !via.is_empty()) {
+            let words = format!(
+                "timed out waiting for rank {}, which is waiting for",
+                via[0]
+            );
+            assert!(
+                run.stdout
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(&format!("rank {rank} "))
+                        && l.contains(&words)),
+                "{layout}: rank {rank}'s report: {}",
+                run.stdout
+            );
+        }
+    }
+}

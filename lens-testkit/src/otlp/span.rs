@@ -48,6 +48,8 @@ pub enum Value {
     Double(f64),
     /// A boolean.
     Bool(bool),
+    /// An array of integers (an empty array is one too).
+    Ints(Vec<i64>),
     /// Anything else, as text.
     Other(String),
 }
@@ -59,6 +61,17 @@ impl Value {
             Some(any_value::Value::IntValue(i)) => Value::Int(*i),
             Some(any_value::Value::DoubleValue(d)) => Value::Double(*d),
             Some(any_value::Value::BoolValue(b)) => Value::Bool(*b),
+            Some(any_value::Value::ArrayValue(a)) => {
+                let ints: Option<Vec<i64>> = a
+                    .values
+                    .iter()
+                    .map(|v| match v.value {
+                        Some(any_value::Value::IntValue(i)) => Some(i),
+                        _ => None,
+                    })
+                    .collect();
+                ints.map_or_else(|| Value::Other(format!("{a:?}")), Value::Ints)
+            }
             other => Value::Other(format!("{other:?}")),
         }
     }
@@ -75,6 +88,14 @@ impl Value {
     pub fn as_str(&self) -> Option<String> {
         match self {
             Value::Str(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    /// The integers, if this is an array of them.
+    pub fn as_ints(&self) -> Option<Vec<i64>> {
+        match self {
+            Value::Ints(v) => Some(v.clone()),
             _ => None,
         }
     }
@@ -130,6 +151,11 @@ impl ReceivedSpan {
     /// A string span attribute.
     pub fn str(&self, key: &str) -> Option<String> {
         find(&self.attributes, key).and_then(Value::as_str)
+    }
+
+    /// An integer-array span attribute.
+    pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
+        find(&self.attributes, key).and_then(Value::as_ints)
     }
 
     /// The rank of the resource (`nv.dl.rank`).

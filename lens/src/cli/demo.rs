@@ -7,7 +7,7 @@ use super::args::{DemoArgs, secs_arg};
 use super::backend::{Backend, DemoRun};
 use super::export::{self, OTLP_LINE};
 use super::rank::{STAGE_SPAN, STEP_SPAN, parent_of};
-use super::record::{Job, SPAN_LINE, SpanRecord};
+use super::record::{CLOCK_LINE, Job, SPAN_LINE, SpanRecord, clock_json};
 use super::view;
 
 pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> {
@@ -18,6 +18,9 @@ pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> 
         DemoRun::Rank { rank, run } => {
             if args.emit_spans {
                 // For the launcher that started this rank (`launcher.rs`).
+                if let Some(clock) = &run.clock {
+                    println!("{CLOCK_LINE}{}", clock_json(clock));
+                }
                 for s in &run.spans {
                     println!("{SPAN_LINE}{}", s.to_json());
                 }

@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use lens::otlp::{OtlpBuilder, OtlpGuard, Protocol, env};
-use lens::{Broadcaster, RankInfo};
+use lens::{Broadcaster, ClockOffset, RankInfo};
 use opentelemetry_sdk::trace::InMemorySpanExporter;
 use serde_json::{Value as Json, json};
 
@@ -50,12 +50,18 @@ impl OtlpChoice {
     }
 
     /// The rank's guard; its provider also hands every span to `local` (the demo's view).
+    /// With this rank's `clock` offset from rank 0, its resource names it and the spans
+    /// it exports are moved onto rank 0's clock.
     pub(crate) fn guard(
         &self,
         info: RankInfo,
         local: InMemorySpanExporter,
+        clock: Option<ClockOffset>,
     ) -> lens::Result<OtlpGuard> {
         let mut b = OtlpBuilder::from_env(info).also_export_to(local);
+        if let Some(c) = clock {
+            b = b.clock_offset(c);
+        }
         if std::env::var(env::OTEL_SERVICE_NAME).is_err() {
             b = b.service_name(SERVICE);
         }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lens::{Broadcaster, LinkedSpan, Parent, broadcast_context};
+use lens::{Broadcaster, ClockOffset, LinkedSpan, Parent, broadcast_context};
 use opentelemetry::trace::{Span as _, SpanKind, TraceContextExt, Tracer, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracer, SdkTracerProvider};
@@ -71,23 +71,31 @@ pub(crate) async fn rank_main(
     Ok(())
 }
 
-/// What one rank of a multi-process job gives back: its outcome, its finished spans and,
-/// with `--otlp`, what became of its exported spans.
+/// What one rank of a multi-process job gives back: its outcome, its finished spans (on
+/// rank 0's clock where the offset was measured), its clock and, with `--otlp`, what
+/// became of its exported spans.
 #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
 pub(crate) struct RankRun {
-    pub(crate) outcome: lens::Result<()>,
+    /// The steps' result, or why the rank took no part (`--inject absent:R`).
+    pub(crate) outcome: Result<(), String>,
     pub(crate) spans: Vec<SpanRecord>,
+    pub(crate) clock: Option<ClockOffset>,
     pub(crate) export: Option<ExportRecord>,
 }
 
 /// This process's rank of a multi-process job: runs [`rank_main`] over `b` with its own
-/// tracer provider (exporting over OTLP with `otlp`).
+/// tracer provider (exporting over OTLP with `otlp`). With this rank's `clock` offset from
+/// rank 0, what it exports is on rank 0's clock (its resource names the offset), and so
+/// are the spans it gives back. An `absent` rank sets up as the others do (the job id,
+/// its provider) and then takes part in no step, so the others' steps fail naming it.
 #[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
 pub(crate) fn run_one_rank(
     b: &dyn Broadcaster,
     steps: usize,
     parent: ParentArg,
     otlp: Option<&OtlpChoice>,
+    clock: Option<ClockOffset>,
+    absent: bool,
 ) -> Result<RankRun, String> {
     let exporter = InMemorySpanExporter::default();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -98,7 +106,7 @@ pub(crate) fn run_one_rank(
         Some(choice) => {
             let info = rt.block_on(job_info(b)).map_err(|e| e.to_string())?;
             let guard = choice
-                .guard(info, exporter.clone())
+                .guard(info, exporter.clone(), clock)
                 .map_err(|e| format!("--otlp: {e}"))?;
             (guard.provider().clone(), Some(guard))
         }
@@ -119,23 +127,30 @@ pub(crate) fn run_one_rank(
         None => opentelemetry::global::set_tracer_provider(provider.clone()),
     }
     let tracer = provider.tracer("lens-demo");
-    let outcome = rt.block_on(rank_main(
-        b,
-        &tracer,
-        steps,
-        parent_of(parent),
-        slot_for(b.world_size()),
-    ));
+    let outcome = if absent {
+        Err(format!("absent (--inject absent:{})", b.rank()))
+    } else {
+        rt.block_on(rank_main(
+            b,
+            &tracer,
+            steps,
+            parent_of(parent),
+            slot_for(b.world_size()),
+        ))
+        .map_err(|e| e.to_string())
+    };
     let _ = provider.force_flush();
+    let shift_ns = clock.map_or(0, |c| c.offset_ns);
     let spans = exporter
         .get_finished_spans()
         .unwrap_or_default()
         .iter()
-        .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY))
+        .map(|s| SpanRecord::from_span(b.rank(), s, STEP_KEY).moved_back(shift_ns))
         .collect();
     Ok(RankRun {
         outcome,
         spans,
+        clock,
         export: guard.map(ExportRecord::finish),
     })
 }

@@ -47,6 +47,8 @@ pub(crate) struct SpanRecord {
 pub(crate) struct HangRecord {
     pub(crate) round: Option<i64>,
     pub(crate) missing: Vec<i64>,
+    /// Where the rank learnt of `missing` when another rank found them missing.
+    pub(crate) via: Vec<i64>,
     pub(crate) open: Vec<(String, i64)>,
 }
 
@@ -55,15 +57,17 @@ impl HangRecord {
         if s.name != hang::keys::SPAN {
             return None;
         }
-        let missing = s
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == hang::keys::MISSING_RANKS)
-            .and_then(|kv| match &kv.value {
-                Value::Array(Array::I64(v)) => Some(v.clone()),
-                _ => None,
-            })
-            .unwrap_or_default();
+        let ints = |key: &str| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .and_then(|kv| match &kv.value {
+                    Value::Array(Array::I64(v)) => Some(v.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        };
+        let (missing, via) = (ints(hang::keys::MISSING_RANKS), ints(hang::keys::VIA));
         let open = s
             .events
             .iter()
@@ -90,23 +94,29 @@ impl HangRecord {
         Some(HangRecord {
             round: int_attr(s, hang::keys::ROUND),
             missing,
+            via,
             open,
         })
     }
 
     fn to_json(&self) -> Json {
-        json!({"round": self.round, "missing": self.missing, "open": self.open})
+        json!({"round": self.round, "missing": self.missing, "via": self.via, "open": self.open})
     }
 
     fn from_json(v: &Json) -> Option<HangRecord> {
+        let ints = |key: &str| -> Option<Vec<i64>> {
+            Some(
+                v.get(key)?
+                    .as_array()?
+                    .iter()
+                    .filter_map(Json::as_i64)
+                    .collect(),
+            )
+        };
         Some(HangRecord {
             round: v.get("round").and_then(Json::as_i64),
-            missing: v
-                .get("missing")?
-                .as_array()?
-                .iter()
-                .filter_map(Json::as_i64)
-                .collect(),
+            missing: ints("missing")?,
+            via: ints("via").unwrap_or_default(),
             open: v
                 .get("open")?
                 .as_array()?
@@ -166,6 +176,15 @@ impl SpanRecord {
         }
     }
 
+    /// This span on a clock `ns` nanoseconds behind the one it was recorded on (a rank's
+    /// measured offset from rank 0 takes it onto rank 0's clock).
+    pub(crate) fn moved_back(mut self, ns: i64) -> Self {
+        let us = ns as f64 / 1000.0;
+        self.start_us -= us;
+        self.end_us -= us;
+        self
+    }
+
     pub(crate) fn to_json(&self) -> Json {
         json!({
             "rank": self.rank, "name": self.name, "trace_id": self.trace_id, "span_id": self.span_id,
@@ -220,20 +239,19 @@ pub(crate) struct Job {
     pub(crate) absent: Vec<usize>,
     /// With `--otlp`: what became of each rank's exported spans.
     pub(crate) exports: Vec<super::export::ExportRecord>,
-    /// Each rank's clock against rank 0's, where the ranks measured it (processes).
+    /// Each rank's clock against rank 0's, where the ranks measured it (processes); their
+    /// spans are already on rank 0's clock.
     pub(crate) clocks: Vec<Option<ClockOffset>>,
 }
 
 /// Prefix of the line a rank process prints with its clock offset from rank 0.
-#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
 pub(crate) const CLOCK_LINE: &str = "lens-clock ";
 
-#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
 pub(crate) fn clock_json(c: &ClockOffset) -> Json {
     json!({"offset_ns": c.offset_ns, "error_ns": c.error_ns})
 }
 
-#[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
 pub(crate) fn clock_from_json(v: &Json) -> Option<ClockOffset> {
     Some(ClockOffset {
         offset_ns: v.get("offset_ns")?.as_i64()?,
@@ -242,20 +260,6 @@ pub(crate) fn clock_from_json(v: &Json) -> Option<ClockOffset> {
 }
 
 impl Job {
-    /// Moves every rank's spans onto rank 0's clock, where the rank measured its offset,
-    /// so that the waterfall and the Chrome trace line the ranks up.
-    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
-    pub(crate) fn align_clocks(&mut self) {
-        for (spans, clock) in self.ranks.iter_mut().zip(&self.clocks) {
-            let Some(c) = clock else { continue };
-            let shift_us = c.offset_ns as f64 / 1000.0;
-            for s in spans {
-                s.start_us -= shift_us;
-                s.end_us -= shift_us;
-            }
-        }
-    }
-
     pub(crate) fn named(&self, rank: usize, name: &str) -> Vec<&SpanRecord> {
         self.ranks.get(rank).map_or(Vec::new(), |v| {
             v.iter().filter(|s| s.name == name).collect()
@@ -284,27 +288,17 @@ mod tests {
         }
     }
 
-    /// A rank 2.5 s ahead is moved back by its offset; a rank without a measured offset
-    /// stays; the JSON line round-trips.
+    /// A span of a rank 2.5 s ahead is moved back by its offset; the clock's JSON line
+    /// round-trips.
     #[test]
     fn spans_move_onto_rank_0s_clock() {
         let ahead = ClockOffset {
             offset_ns: 2_500_000_000,
             error_ns: 100_000,
         };
-        let mut job = Job {
-            ranks: vec![
-                vec![span(0, 1_000.0)],
-                vec![span(1, 2_501_000.0)],
-                vec![span(2, 7.0)],
-            ],
-            clocks: vec![None, Some(ahead), None],
-            ..Job::default()
-        };
-        job.align_clocks();
-        assert_eq!(job.ranks[1][0].start_us, 1_000.0);
-        assert_eq!(job.ranks[1][0].end_us, 1_010.0);
-        assert_eq!(job.ranks[2][0].start_us, 7.0);
+        let moved = span(1, 2_501_000.0).moved_back(ahead.offset_ns);
+        assert_eq!((moved.start_us, moved.end_us), (1_000.0, 1_010.0));
+        assert_eq!(span(2, 7.0).moved_back(0).start_us, 7.0);
         assert_eq!(clock_from_json(&clock_json(&ahead)), Some(ahead));
     }
 }

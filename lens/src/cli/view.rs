@@ -149,9 +149,14 @@ fn hang_reports(out: &mut String, job: &Job) {
             .iter()
             .map(|(name, age)| format!("{name} ({:.2} s)", *age as f64 / 1e9))
             .collect();
+        let through: String = h
+            .via
+            .iter()
+            .map(|r| format!("rank {r}, which is waiting for "))
+            .collect();
         let _ = writeln!(
             out,
-            "  rank {rank:<4} {round}timed out waiting for {:?}; open: {}",
+            "  rank {rank:<4} {round}timed out waiting for {through}{:?}; open: {}",
             h.missing,
             if open.is_empty() {
                 "nothing".to_owned()
@@ -179,6 +184,15 @@ pub(crate) fn chrome_trace(job: &Job) -> String {
     let mut where_is: HashMap<&str, (usize, f64)> = HashMap::new();
     for (rank, spans) in job.ranks.iter().enumerate() {
         events.push(json!({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": format!("rank {rank}")}}));
+        if let Some(Some(c)) = job.clocks.get(rank) {
+            // The spans are on rank 0's clock already; the label says by how much.
+            let labels = format!(
+                "clock {:+.3} ms (±{:.3}) from rank 0's, spans moved onto rank 0's",
+                c.offset_ns as f64 / 1e6,
+                c.error_ns as f64 / 1e6
+            );
+            events.push(json!({"ph": "M", "name": "process_labels", "pid": rank, "tid": 0, "args": {"labels": labels}}));
+        }
         for s in spans {
             where_is.insert(&s.span_id, (rank, s.start_us - zero));
         }

@@ -38,6 +38,14 @@ pub(crate) fn check_demo_spans(receiver: &Receiver, ranks: usize, steps: usize, 
             "local rank"
         );
         assert!(s.resource_str("run.uuid").is_some(), "run.uuid");
+        // Every rank's clock against rank 0's: on one host, zero within its error bound
+        // (the in-process ranks share one clock: 0 ± 0).
+        let offset = s.resource_int("lens.clock.offset_ns").expect("offset_ns");
+        let error = s.resource_int("lens.clock.error_ns").expect("error_ns");
+        assert!(
+            offset.abs() <= error + 1_000,
+            "rank {r}: offset {offset} ns beyond its bound {error} ns"
+        );
         let instance = s.resource_str("service.instance.id").expect("instance id");
         assert!(instance.ends_with(&format!("rank-{r}")), "{instance}");
     }
@@ -72,5 +80,80 @@ pub(crate) fn check_demo_spans(receiver: &Receiver, ranks: usize, steps: usize, 
                 .expect("link to the step");
             assert_eq!(link.int("lens.link.source_rank"), Some(0));
         }
+    }
+}
+
+/// Waits until the receiver holds a `lens.hang` span from each rank of `paths` and checks
+/// each: it names `absent` as the missing rank and, as the path to it, `via` (empty: the
+/// rank found it missing itself, and the span has no `lens.hang.via`).
+pub(crate) fn check_hang_reports(receiver: &Receiver, absent: i64, paths: &[(usize, &[i64])]) {
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    let hangs = loop {
+        let hangs: Vec<ReceivedSpan> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.name == "lens.hang")
+            .collect();
+        let ranks: BTreeSet<usize> = hangs.iter().filter_map(ReceivedSpan::rank).collect();
+        if paths.iter().all(|(r, _)| ranks.contains(r)) || std::time::Instant::now() > until {
+            break hangs;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for (rank, via) in paths {
+        let report = hangs
+            .iter()
+            .find(|s| s.rank() == Some(*rank))
+            .unwrap_or_else(|| panic!("no lens.hang from rank {rank}: {hangs:#?}"));
+        assert_eq!(
+            report.ints("lens.hang.missing_ranks"),
+            Some(vec![absent]),
+            "rank {rank} names the absent rank: {report:#?}"
+        );
+        let got = report.ints("lens.hang.via");
+        let want = (!via.is_empty()).then(|| via.to_vec());
+        assert_eq!(got, want, "rank {rank}'s path to it: {report:#?}");
+    }
+}
+
+/// Checks that every rank's spans arrived on rank 0's clock: each resource names its
+/// offset and error, `skewed`'s offset is `ahead_ns` (within 1 ms) and the others' zero,
+/// and each stage span starts inside rank 0's step span of its step. Unmoved, the skewed
+/// rank's spans would start `ahead_ns` after their step.
+pub(crate) fn check_on_rank_0s_clock(
+    receiver: &Receiver,
+    ranks: usize,
+    steps: usize,
+    skewed: usize,
+    ahead_ns: f64,
+) {
+    let spans = receiver.wait_for(ranks * steps, Duration::from_secs(10));
+    assert_eq!(spans.len(), ranks * steps, "{spans:#?}");
+    for s in &spans {
+        let r = s.rank().expect("rank");
+        let offset = s
+            .resource_int("lens.clock.offset_ns")
+            .unwrap_or_else(|| panic!("rank {r}: no lens.clock.offset_ns in {:?}", s.resource));
+        let error = s.resource_int("lens.clock.error_ns").expect("error_ns");
+        let truth = if r == skewed { ahead_ns } else { 0.0 };
+        assert!(
+            (offset as f64 - truth).abs() < 1e6 && (0..1_000_000).contains(&error),
+            "rank {r}: offset {offset} ns ± {error}, truth {truth}"
+        );
+    }
+    for s in spans.iter().filter(|s| s.rank() != Some(0)) {
+        let step = s.int("nv.dl.step").expect("step");
+        let root = spans
+            .iter()
+            .find(|t| t.rank() == Some(0) && t.int("nv.dl.step") == Some(step))
+            .expect("rank 0's step");
+        assert!(
+            (root.start_unix_nano..=root.end_unix_nano).contains(&s.start_unix_nano),
+            "step {step}: rank {:?}'s span starts at {} ns, outside rank 0's step [{}, {}]",
+            s.rank(),
+            s.start_unix_nano,
+            root.start_unix_nano,
+            root.end_unix_nano
+        );
     }
 }

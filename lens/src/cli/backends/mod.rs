@@ -75,20 +75,27 @@ impl Injected {
     }
 }
 
-/// The faults `--inject` asks of rank `me` of a collective backend, which cannot leave a
-/// rank out (`absent` is refused with `why_not_absent`): a delay, a corrupt payload.
+/// The faults `--inject` asks of rank `me` of a collective backend: a delay, a corrupt
+/// payload, and whether `me` is to be absent. A backend that cannot name an absent rank
+/// refuses `absent` with `why_not_absent`.
 #[cfg(any(feature = "mpi", all(feature = "nccl", feature = "tcp")))]
 pub(crate) fn collective_faults(
     specs: &[String],
     n: usize,
     me: Option<usize>,
-    why_not_absent: &str,
-) -> Result<Vec<lens::testkit::Fault>, String> {
+    why_not_absent: Option<&str>,
+) -> Result<(Vec<lens::testkit::Fault>, bool), String> {
     use lens::testkit::{Corruption, Fault};
-    let mut faults = Vec::new();
+    let (mut faults, mut absent) = (Vec::new(), false);
     for spec in specs {
         match Injected::parse(spec, n)? {
-            Injected::Absent(_) => return Err(format!("--inject absent: {why_not_absent}")),
+            Injected::Absent(_) if why_not_absent.is_some() => {
+                return Err(format!(
+                    "--inject absent: {}",
+                    why_not_absent.unwrap_or_default()
+                ));
+            }
+            Injected::Absent(r) if Some(r) == me => absent = true,
             Injected::Delay(r, d) if Some(r) == me => faults.push(Fault::Delay(d)),
             Injected::Corrupt(r) if Some(r) == me => {
                 faults.push(Fault::Corrupt(Corruption::Truncate));
@@ -96,7 +103,7 @@ pub(crate) fn collective_faults(
             _ => {}
         }
     }
-    Ok(faults)
+    Ok((faults, absent))
 }
 
 /// Clock exchanges per rank when a demo rank measures its offset from rank 0.

@@ -18,7 +18,7 @@ use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::{ExportRecord, OtlpChoice};
 use super::super::measure::{BenchRank, Measured, Plan, Timed, run_rank};
 use super::super::rank::run_one_rank;
-use super::super::record::{Job, SpanRecord};
+use super::super::record::{Job, SpanRecord, clock_from_json, clock_json};
 
 pub(crate) struct Mpi;
 
@@ -26,6 +26,15 @@ pub(crate) struct Mpi;
 /// launcher stops the other ranks when one exits non-zero.
 fn die(rank: i32, why: &str) -> ! {
     eprintln!("lens: rank {rank}: {why}");
+    std::process::exit(1)
+}
+
+/// Ends this rank after `linger`: the launcher stops every rank when one exits non-zero,
+/// so a rank whose round failed gives the others the time to finish theirs (the roll call
+/// after a timeout takes up to one more timeout) and to send their hang reports.
+fn die_after(rank: i32, why: &str, linger: Duration) -> ! {
+    eprintln!("lens: rank {rank}: {why}");
+    std::thread::sleep(linger);
     std::process::exit(1)
 }
 
@@ -43,12 +52,9 @@ impl Backend for Mpi {
         let (rank, size) = (world.rank(), world.size());
         let me = usize::try_from(rank).unwrap_or_default();
         let n = usize::try_from(size).unwrap_or(1);
-        let faults = collective_faults(
-            &args.inject,
-            n,
-            Some(me),
-            "under MPI a rank that misses a round leaves the communicator out of step for good; stop a rank's process instead",
-        )?;
+        // An absent rank builds the group, then takes part in no step: the others time out
+        // and the roll call that follows names it on every rank.
+        let (faults, absent) = collective_faults(&args.inject, n, Some(me), None)?;
         // Every round gathers the ranks' arrival times, so each step names its straggler;
         // offsets measured first, so ranks on hosts whose clocks differ compare.
         let group = MpiBroadcaster::builder(world.duplicate())
@@ -56,19 +62,32 @@ impl Backend for Mpi {
             .arrivals_every(1)
             .build()
             .map_err(|e| e.to_string())?;
-        if let Some(clock) = demo_clock(&group)? {
-            group.set_clock_offset(clock);
+        let clock = demo_clock(&group)?;
+        if let Some(c) = clock {
+            group.set_clock_offset(c);
         }
         let group = Faulty::new(group, faults);
         let otlp = OtlpChoice::from_args(args)?;
-        let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
+        let run = run_one_rank(
+            &group,
+            args.steps as usize,
+            args.parent,
+            otlp.as_ref(),
+            clock,
+            absent,
+        )?;
         if let Err(e) = run.outcome {
-            die(rank, &e.to_string());
+            if absent {
+                // Away until the others have failed and the launcher stops the job.
+                die_after(rank, &e, timeout * args.steps.saturating_add(3));
+            }
+            die_after(rank, &e, timeout);
         }
         let mine = run.spans;
         // Rank 0 collects every rank's spans (and export report) to check and draw the job.
         let bytes = serde_json::to_vec(&serde_json::json!({
             "spans": mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>(),
+            "clock": run.clock.as_ref().map(clock_json),
             "otlp": run.export.as_ref().map(ExportRecord::to_json),
         }))
         .map_err(|e| e.to_string())?;
@@ -78,6 +97,7 @@ impl Backend for Mpi {
         }
         let mut job = Job::default();
         job.ranks.push(mine);
+        job.clocks.push(run.clock);
         job.exports.extend(run.export);
         for r in 1..size {
             let (theirs, _) = world.process_at_rank(r).receive_vec::<u8>();
@@ -90,6 +110,8 @@ impl Backend for Mpi {
                 .unwrap_or_default();
             job.ranks
                 .push(list.iter().filter_map(SpanRecord::from_json).collect());
+            job.clocks
+                .push(report.get("clock").and_then(clock_from_json));
             job.exports
                 .extend(report.get("otlp").and_then(ExportRecord::from_json));
         }

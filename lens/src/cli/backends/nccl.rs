@@ -22,16 +22,17 @@ impl Backend for Nccl {
     #[cfg(feature = "tcp")]
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
         use super::super::rank::run_one_rank;
-        use super::super::record::{CLOCK_LINE, clock_json};
         use super::{demo_clock, tcp};
         use lens::testkit::Faulty;
 
         let n = args.world.map_or(args.ranks as usize, |w| w as usize);
-        let faults = super::collective_faults(
+        let (faults, _) = super::collective_faults(
             &args.inject,
             n,
             args.rank.map(|r| r as usize),
-            "a rank that misses an NCCL collective leaves the communicator stuck (NCCL cannot tell which rank is missing); stop a rank's process instead",
+            Some(
+                "a rank that misses an NCCL collective leaves the communicator stuck (NCCL cannot tell which rank is missing); stop a rank's process instead",
+            ),
         )?;
         let Some(rank) = args.rank else {
             let found = lens::nccl::probe().map_err(|e| e.to_string())?;
@@ -58,15 +59,20 @@ impl Backend for Nccl {
         let gpu =
             futures::executor::block_on(NcclBroadcaster::bootstrap_with(&group, device, &opts))
                 .map_err(|e| format!("rank {rank} (GPU {device}): {e}"))?;
-        if let Some(clock) = demo_clock(&gpu)? {
-            gpu.set_clock_offset(clock);
-            if args.emit_spans {
-                println!("{CLOCK_LINE}{}", clock_json(&clock));
-            }
+        let clock = demo_clock(&gpu)?;
+        if let Some(c) = clock {
+            gpu.set_clock_offset(c);
         }
         let gpu = Faulty::new(gpu, faults);
         let otlp = super::super::export::OtlpChoice::from_args(args)?;
-        let run = run_one_rank(&gpu, args.steps as usize, args.parent, otlp.as_ref())?;
+        let run = run_one_rank(
+            &gpu,
+            args.steps as usize,
+            args.parent,
+            otlp.as_ref(),
+            clock,
+            false,
+        )?;
         Ok(DemoRun::Rank { rank, run })
     }
 

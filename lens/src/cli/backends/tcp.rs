@@ -14,7 +14,7 @@ use super::super::export::OtlpChoice;
 use super::super::launcher;
 use super::super::measure::{Measured, Plan, on_threads};
 use super::super::rank::run_one_rank;
-use super::super::record::{CLOCK_LINE, Job, clock_json};
+use super::super::record::Job;
 use super::tcp_raw::{self, TcpRank};
 use super::{Injected, demo_clock};
 
@@ -42,17 +42,11 @@ impl Backend for Tcp {
                     .filter(|f| f.rank() == rank)
                     .collect::<Vec<_>>();
                 let group = join(args, rank, timeout)?;
-                // Where this rank's clock stands against rank 0's, so that the job's view
-                // lines the ranks up.
-                if let Some(clock) = demo_clock(&group)?
-                    && args.emit_spans
-                {
-                    println!("{CLOCK_LINE}{}", clock_json(&clock));
-                }
-                if mine.iter().any(|f| matches!(f, Injected::Absent(_))) {
-                    // It joined, and leaves before the first step: the others name it.
-                    return Err(format!("absent (--inject absent:{rank})"));
-                }
+                // Where this rank's clock stands against rank 0's, so that what it exports
+                // and what the job's view shows are on rank 0's clock.
+                let clock = demo_clock(&group)?;
+                // It joins, and leaves before the first step: the others name it.
+                let absent = mine.iter().any(|f| matches!(f, Injected::Absent(_)));
                 let faults = mine
                     .iter()
                     .filter_map(|f| match *f {
@@ -63,7 +57,14 @@ impl Backend for Tcp {
                     .collect();
                 let group = Faulty::new(group, faults);
                 let otlp = OtlpChoice::from_args(args)?;
-                let run = run_one_rank(&group, args.steps as usize, args.parent, otlp.as_ref())?;
+                let run = run_one_rank(
+                    &group,
+                    args.steps as usize,
+                    args.parent,
+                    otlp.as_ref(),
+                    clock,
+                    absent,
+                )?;
                 Ok(DemoRun::Rank { rank, run })
             }
             None => spawn_job(self.name(), args, timeout).map(DemoRun::Job),
@@ -182,9 +183,7 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
         c
     };
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);
-    let mut job = launcher::run_ranks(n, command, deadline)?;
-    job.align_clocks();
-    Ok(job)
+    launcher::run_ranks(n, command, deadline)
 }
 
 pub(crate) fn random_hex(bytes: usize) -> Result<String, String> {
