@@ -89,8 +89,9 @@ fn open() -> MutexGuard<'static, Option<HashMap<SpanId, (String, SystemTime)>>> 
 }
 
 /// A span processor that keeps the spans open in this process (name and start), for hang
-/// reports. Add it to every provider whose open spans a report should name. Cost: a copy of
-/// the span's data at its start (the SDK lends no cheaper view) and a map entry.
+/// reports (but the reports themselves). Add it to every provider whose open spans a report
+/// should name. Cost: a copy of the span's data at its start (the SDK lends no cheaper view)
+/// and a map entry.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenSpans;
 
@@ -99,6 +100,11 @@ impl SpanProcessor for OpenSpans {
         let Some(data) = span.exported_data() else {
             return; // not recording
         };
+        if data.name == keys::SPAN {
+            // Another rank's report, open for a moment in the same process: not what a
+            // report is for.
+            return;
+        }
         let mut open = open();
         let map = open.get_or_insert_with(HashMap::new);
         if map.len() < MAX_OPEN {
@@ -273,5 +279,28 @@ mod tests {
         flush_now();
         assert_eq!(first.load(Ordering::Relaxed), 1);
         assert_eq!(second.load(Ordering::Relaxed), 1);
+    }
+
+    /// A report open at the moment another rank of the same process takes its list (two
+    /// ranks timing out together) is not among the open spans; a span of the user's is.
+    #[test]
+    fn another_report_is_not_an_open_span() {
+        use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(super::OpenSpans)
+            .build();
+        let tracer = provider.tracer("test");
+        let mut report = tracer.start(super::keys::SPAN);
+        let mut step = tracer.start("step of another_report_is_not_an_open_span");
+        let names: Vec<String> = super::open_spans().into_iter().map(|(n, _)| n).collect();
+        step.end();
+        report.end();
+        assert!(
+            names
+                .iter()
+                .any(|n| n == "step of another_report_is_not_an_open_span"),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n == super::keys::SPAN), "{names:?}");
     }
 }

@@ -71,9 +71,13 @@ def set_hang_provider(provider: Any) -> None:
 
 class OpenSpans(SpanProcessor):
     """A span processor that keeps the spans open in this process (name and start), so
-    that a hang report names where the rank was. Add it to the tracer provider."""
+    that a hang report names where the rank was (reports themselves are left out: another
+    rank's, open for a moment in the same process, says nothing). Add it to the tracer
+    provider."""
 
     def on_start(self, span: Span, parent_context: Optional[Context] = None) -> None:
+        if span.name == HANG_SPAN:
+            return
         sc = span.get_span_context()
         with _open_lock:
             if len(_open) < MAX_OPEN:
