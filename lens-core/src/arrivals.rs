@@ -71,6 +71,9 @@ pub struct Arrivals {
     /// the backend hears from every rank (in process, a TCP star), the latest few of each
     /// subtree in a TCP tree.
     pub ranks: Vec<(usize, u64)>,
+    /// The ranks that voted to keep the step this round ended ([`crate::sample`]), where
+    /// the backend carries votes ([`crate::Broadcaster::carry_vote`]).
+    pub voted: Vec<usize>,
 }
 
 impl Arrivals {
@@ -87,6 +90,7 @@ impl Arrivals {
             last_rank,
             spread_ns,
             ranks,
+            voted: Vec::new(),
         })
     }
 
@@ -99,6 +103,13 @@ impl Arrivals {
             let after = at.saturating_duration_since(first).as_nanos();
             (r, i64::try_from(after).unwrap_or(i64::MAX))
         }))
+    }
+
+    /// With `voted`, the ranks that voted ([`Arrivals::voted`]).
+    #[must_use]
+    pub fn with_voted(mut self, voted: Vec<usize>) -> Self {
+        self.voted = voted;
+        self
     }
 
     /// Writes the attributes on `span`, and an event for each rank later than `threshold`

@@ -23,8 +23,8 @@
 use opentelemetry::Context;
 
 use crate::broadcast::{
-    SOURCE_FAILED, check_root, foreign_carrier, outgoing, received, received_whole,
-    record_arrivals, sent, source_not_told,
+    SOURCE_FAILED, check_root, foreign_carrier, member_begins, outgoing, received, received_whole,
+    record_arrivals, sent, source_begins, source_not_told,
 };
 use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
@@ -40,7 +40,7 @@ pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Re
         Some(done) => done,
         None => futures::executor::block_on(b.broadcast(root, payload)),
     };
-    done.map_err(|e| crate::hang::on_error(b, e))
+    done.map_err(|e| crate::broadcaster::failed(b, e))
 }
 
 /// Blocking [`crate::broadcast_trace_context`]; the source injects this thread's current
@@ -109,7 +109,8 @@ pub fn broadcast_carrier_whole(
 ) -> Result<Carrier> {
     check_root(b, src_rank)?;
     if b.rank() != src_rank {
-        return received_whole(broadcast(b, src_rank, None)?, src_rank);
+        member_begins(b);
+        return received_whole(b, broadcast(b, src_rank, None)?, src_rank);
     }
     match foreign_carrier(carrier) {
         Ok(carrier) => send_whole(b, src_rank, carrier, &Context::current()),
@@ -142,7 +143,8 @@ fn send_whole(
     carrier: Carrier,
     cx: &Context,
 ) -> Result<Carrier> {
-    let bytes = match outgoing(b, &carrier) {
+    let stamped = source_begins(b, &carrier);
+    let bytes = match outgoing(b, stamped.as_ref().unwrap_or(&carrier)) {
         Ok(bytes) => bytes,
         Err(e) => {
             fail_source(b, src_rank);
@@ -151,12 +153,13 @@ fn send_whole(
     };
     broadcast(b, src_rank, Some(&bytes))?;
     drop(bytes);
-    record_arrivals(b, cx);
+    record_arrivals(b, cx, &carrier);
     Ok(carrier.with_source_rank(src_rank))
 }
 
 fn receive(b: &dyn Broadcaster, src_rank: usize) -> Result<Option<Carrier>> {
-    received(broadcast(b, src_rank, None)?, src_rank)
+    member_begins(b);
+    received(b, broadcast(b, src_rank, None)?, src_rank)
 }
 
 fn fail_source(b: &dyn Broadcaster, src_rank: usize) {

@@ -97,7 +97,8 @@ pub async fn broadcast_carrier(
 ) -> Result<Option<Carrier>> {
     check_root(b, src_rank)?;
     if b.rank() != src_rank {
-        return received(round(b, src_rank, None).await?, src_rank);
+        member_begins(b);
+        return received(b, round(b, src_rank, None).await?, src_rank);
     }
     match foreign_carrier(carrier) {
         Ok(carrier) => send(b, src_rank, carrier, &Context::current()).await,
@@ -125,7 +126,8 @@ async fn broadcast_impl(
         };
         send(b, src_rank, Carrier::from_context(cx), cx).await
     } else {
-        received(round(b, src_rank, None).await?, src_rank)
+        member_begins(b);
+        received(b, round(b, src_rank, None).await?, src_rank)
     }
 }
 
@@ -136,7 +138,8 @@ async fn send(
     carrier: Carrier,
     cx: &Context,
 ) -> Result<Option<Carrier>> {
-    let bytes = match outgoing(b, &carrier) {
+    let stamped = source_begins(b, &carrier);
+    let bytes = match outgoing(b, stamped.as_ref().unwrap_or(&carrier)) {
         Ok(bytes) => bytes,
         Err(e) => {
             fail_source(b, src_rank).await;
@@ -145,20 +148,43 @@ async fn send(
     };
     round(b, src_rank, Some(&bytes)).await?;
     drop(bytes);
-    record_arrivals(b, cx);
+    record_arrivals(b, cx, &carrier);
     Ok(sent(carrier, src_rank))
 }
 
-/// The source, after its round: how the ranks arrived, on its span, where the backend knows.
-/// Left with the backend when no span records it (a caller in another language takes it
-/// for its own span: the Python package does).
-pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context) {
+/// The source, after its round: how the ranks arrived, on its span, where the backend knows;
+/// the step sampler learns it too and begins the next step. Left with the backend when
+/// neither needs it (a caller in another language takes it for its own span: the Python
+/// package does).
+pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context, carrier: &Carrier) {
     let span = cx.span();
-    if !span.is_recording() {
+    let sampler = b.step_sampler();
+    if !span.is_recording() && sampler.is_none() {
         return;
     }
-    if let Some(a) = b.take_arrivals() {
+    let arrivals = b.take_arrivals();
+    if let Some(a) = &arrivals
+        && span.is_recording()
+    {
         a.record(&span, late_threshold());
+    }
+    if let Some(s) = sampler {
+        s.after_source_round(arrivals.as_ref(), carrier);
+    }
+}
+
+/// The source enters its round: the step sampler's step ends, and its word for the other
+/// ranks goes in the carrier sent (the carrier returned, when there is a word).
+pub(crate) fn source_begins(b: &dyn Broadcaster, carrier: &Carrier) -> Option<Carrier> {
+    let s = b.step_sampler()?;
+    s.before_round(b);
+    s.stamp(carrier)
+}
+
+/// Another rank enters the round: the step sampler's step ends, its vote goes with it.
+pub(crate) fn member_begins(b: &dyn Broadcaster) {
+    if let Some(s) = b.step_sampler() {
+        s.before_round(b);
     }
 }
 
@@ -226,14 +252,43 @@ pub(crate) fn sent(carrier: Carrier, src_rank: usize) -> Option<Carrier> {
 }
 
 /// What another rank returns for the round's bytes.
-pub(crate) fn received(bytes: Vec<u8>, src_rank: usize) -> Result<Option<Carrier>> {
-    let carrier = received_whole(bytes, src_rank)?;
+pub(crate) fn received(
+    b: &dyn Broadcaster,
+    bytes: Vec<u8>,
+    src_rank: usize,
+) -> Result<Option<Carrier>> {
+    let carrier = received_whole(b, bytes, src_rank)?;
     Ok(carrier.get(TRACEPARENT).is_some().then_some(carrier))
 }
 
-/// The carrier the round's bytes hold, whatever it holds; its traceparent, when present,
-/// is checked.
-pub(crate) fn received_whole(bytes: Vec<u8>, src_rank: usize) -> Result<Carrier> {
+/// The carrier the round's bytes hold, whatever it holds, with the step sampler's word
+/// taken out (and given to the rank's sampler, where it has one); its traceparent, when
+/// present, is checked.
+pub(crate) fn received_whole(
+    b: &dyn Broadcaster,
+    bytes: Vec<u8>,
+    src_rank: usize,
+) -> Result<Carrier> {
+    let carrier = checked(bytes, src_rank);
+    let mut carrier = match carrier {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(s) = b.step_sampler() {
+                s.on_round_error();
+            }
+            return Err(e);
+        }
+    };
+    match b.step_sampler() {
+        Some(s) => s.after_member_round(&mut carrier),
+        None => {
+            carrier.remove(crate::sample::CARRIER_KEY);
+        }
+    }
+    Ok(carrier)
+}
+
+fn checked(bytes: Vec<u8>, src_rank: usize) -> Result<Carrier> {
     if bytes.is_empty() {
         return Err(Error::SourceFailed { root: src_rank });
     }

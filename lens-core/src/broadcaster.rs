@@ -88,6 +88,21 @@ pub trait Broadcaster: Send + Sync {
     fn rounds_started(&self) -> Option<u64> {
         None
     }
+
+    /// Carries this rank's vote (the step sampler's, [`crate::sample`]) on its next round
+    /// to the round's root, which finds the ranks that voted in [`Arrivals::voted`];
+    /// returns whether the backend carries votes. The default, `false`, carries nothing:
+    /// the sampler's source then decides from what it sees itself.
+    fn carry_vote(&self, vote: bool) -> bool {
+        let _ = vote;
+        false
+    }
+
+    /// The step sampler whose steps this group's trace-context broadcasts end and begin
+    /// ([`crate::sample::StepSampler::group`]); `None`, the default, for none.
+    fn step_sampler(&self) -> Option<&crate::sample::StepSampler> {
+        None
+    }
 }
 
 /// One round through [`Broadcaster::broadcast_sync`] where the backend has it, else
@@ -101,7 +116,15 @@ pub(crate) async fn round(
         Some(done) => done,
         None => b.broadcast(root, payload).await,
     };
-    done.map_err(|e| crate::hang::on_error(b, e))
+    done.map_err(|e| failed(b, e))
+}
+
+/// A round failed: the step sampler keeps what it holds, then a timeout is reported.
+pub(crate) fn failed(b: &dyn Broadcaster, e: Error) -> Error {
+    if let Some(s) = b.step_sampler() {
+        s.on_round_error();
+    }
+    crate::hang::on_error(b, e)
 }
 
 /// Longest deadline any lens backend accepts (one year). Deadlines are added to the clock,
@@ -175,6 +198,12 @@ macro_rules! forward_broadcaster {
             }
             fn rounds_started(&self) -> Option<u64> {
                 (**self).rounds_started()
+            }
+            fn carry_vote(&self, vote: bool) -> bool {
+                (**self).carry_vote(vote)
+            }
+            fn step_sampler(&self) -> Option<&crate::sample::StepSampler> {
+                (**self).step_sampler()
             }
         }
     )*};

@@ -73,6 +73,7 @@ pub mod hang;
 mod hierarchical;
 pub mod link;
 pub mod rank;
+pub mod sample;
 
 pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};
 pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD};

@@ -28,7 +28,7 @@
 )]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,8 @@ struct Round {
     payload: Option<Arc<[u8]>>,
     /// When each rank entered the round, for the root's [`Arrivals`].
     entered: Vec<Option<Instant>>,
+    /// Which ranks voted to keep the step this round ends (the step sampler's).
+    voted: Vec<bool>,
     taken: Vec<bool>,
     taken_count: usize,
     ready: Event,
@@ -135,6 +137,7 @@ impl LocalCluster {
                 shared: Arc::clone(&shared),
                 rank,
                 arrivals: Mutex::new(None),
+                vote: AtomicBool::new(false),
             })
             .collect()
     }
@@ -157,6 +160,8 @@ pub struct LocalBroadcaster {
     rank: usize,
     /// How the ranks arrived at the last round this rank was the root of.
     arrivals: Mutex<Option<Arrivals>>,
+    /// This rank's vote, for its next round.
+    vote: AtomicBool,
 }
 
 impl std::fmt::Debug for LocalBroadcaster {
@@ -256,6 +261,12 @@ impl Broadcaster for LocalBroadcaster {
         Some(self.started_by(self.rank))
     }
 
+    /// Carried: the root of the next round finds it in its [`Arrivals::voted`].
+    fn carry_vote(&self, vote: bool) -> bool {
+        self.vote.store(vote, Ordering::Relaxed);
+        true
+    }
+
     /// Every rank's entry into the round, on the process's one clock.
     fn take_arrivals(&self) -> Option<Arrivals> {
         self.arrivals
@@ -286,6 +297,7 @@ impl Broadcaster for LocalBroadcaster {
             root,
             payload: None,
             entered: vec![None; n],
+            voted: vec![false; n],
             taken: vec![false; n],
             taken_count: 0,
             ready: Event::new(),
@@ -316,16 +328,23 @@ impl Broadcaster for LocalBroadcaster {
                         return Ok(Wait::Done(None));
                     };
                     if round.taken_count + 1 >= n {
-                        let entered = rounds.remove(&round_no).map(|r| r.entered);
+                        let entered = rounds.remove(&round_no).map(|r| (r.entered, r.voted));
                         return Ok(Wait::Done(entered));
                     }
                     Ok(Wait::Pending(round.all_taken.listen()))
                 })
                 .await?;
-            if let Some(Some(entered)) = &done {
+            if let Some(Some((entered, voted))) = &done {
                 let entered = entered.iter().enumerate();
+                let voted = voted
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| **v)
+                    .map(|(r, _)| r)
+                    .collect();
                 *self.arrivals.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Arrivals::from_instants(entered.filter_map(|(r, at)| Some((r, (*at)?))));
+                    Arrivals::from_instants(entered.filter_map(|(r, at)| Some((r, (*at)?))))
+                        .map(|a| a.with_voted(voted));
             }
             if done.is_none() {
                 let mut rounds = self.shared.lock();
@@ -365,6 +384,7 @@ impl Broadcaster for LocalBroadcaster {
                         Some(p) => {
                             let p = Arc::clone(p);
                             if !round.taken[me] {
+                                round.voted[me] = self.vote.swap(false, Ordering::Relaxed);
                                 round.taken[me] = true;
                                 round.taken_count += 1;
                                 if round.taken_count + 1 >= n {

@@ -497,6 +497,15 @@ impl Broadcaster for MpiBroadcaster {
         self.group.take_arrivals()
     }
 
+    /// Not carried: the slab collective sends nothing from the other ranks to the root.
+    fn carry_vote(&self, _vote: bool) -> bool {
+        false
+    }
+
+    fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
+        None
+    }
+
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         Some(
             self.check_thread()

@@ -312,6 +312,15 @@ impl Broadcaster for NcclBroadcaster {
         self.group.take_arrivals()
     }
 
+    /// Not carried: ncclBroadcast sends nothing from the other ranks to the root.
+    fn carry_vote(&self, _vote: bool) -> bool {
+        false
+    }
+
+    fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
+        None
+    }
+
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         Some(lens_core::blocking::broadcast(&self.group, root, payload))
     }

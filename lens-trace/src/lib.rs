@@ -23,7 +23,8 @@
 //! This crate re-exports `lens-core`'s user surface by name (the broadcasts, the
 //! [`Broadcaster`] trait, carriers, linked spans, ranks, clock offsets, errors); what a
 //! backend author needs stays under [`backend`]. Which rank came last to a round: [`arrivals`]; where
-//! every rank was when one timed out: [`hang`].
+//! every rank was when one timed out: [`hang`]; each step kept or dropped whole on every
+//! rank: [`sample`].
 //!
 //! **One trace per job.** A linked span's parent is [`Parent::Auto`] by default: the rank's
 //! current span if it has one (as NeMo Lens does), else the broadcast span, so a rank with
@@ -78,7 +79,7 @@ pub use lens_core::{
     Result, broadcast_carrier, broadcast_context, broadcast_trace_context, create_linked_span,
     measure_clock_offsets,
 };
-pub use lens_core::{arrivals, blocking, carrier, clock, hang, link, rank};
+pub use lens_core::{arrivals, blocking, carrier, clock, hang, link, rank, sample};
 
 /// For those who write a backend: argument checks, deadlines, the slab round, the W3C
 /// header parsers. Users of lens do not need it.

@@ -1,0 +1,385 @@
+//! The step sampler: keeps or drops each step **whole, on every rank**, decided after the
+//! step, so that a large job can afford its traces and still has the steps that matter
+//! (the slow one, the one where a rank failed, the one before a hang).
+//!
+//! A *step* is what a rank records between two trace-context broadcasts of its group
+//! ([`crate::broadcast_trace_context`] and its twins). Each rank holds the spans that end in
+//! a step; the source rank decides the step once the round that ends it is over (how long
+//! it took, how far apart the ranks came, whether a rank voted) and its decision travels in
+//! the carrier of the round after that: no extra collective. Every rank then passes the
+//! step's spans on to the exporter, or drops them. Kept spans say why
+//! ([`keys::REASON`]) and carry OpenTelemetry's rejection threshold in their tracestate
+//! (`ot=th:0` for a rule, the threshold of 1/K for the baseline), so a backend can weigh
+//! them; the first kept span of a rank after dropped steps counts them
+//! ([`keys::DROPPED_STEPS`], [`keys::DROPPED_SPANS`]).
+//!
+//! Nothing is lost where it matters: a round that fails (a timeout with its hang report, any
+//! other error) keeps what the rank holds, as does the end of its group or provider; a rank
+//! over its cap ([`SampleRules::with_max_spans`], [`SampleRules::with_max_bytes`]) keeps its
+//! current step at once and votes for it.
+//!
+//! ```
+//! use lens_core::sample::{SampleRules, StepSampler};
+//! use lens_core::{Broadcaster, blocking};
+//! use lens_testkit::LocalCluster;
+//! use opentelemetry::trace::{Tracer as _, TracerProvider as _};
+//! use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+//!
+//! let exporter = InMemorySpanExporter::default();
+//! let rules = SampleRules::parse("slower-than=20ms")?;
+//! // One rank of one (a real job has a sampler, a provider and a group per rank).
+//! let sampler = StepSampler::new(rules, SimpleSpanProcessor::new(exporter.clone()));
+//! let provider = SdkTracerProvider::builder()
+//!     .with_span_processor(sampler.processor())
+//!     .build();
+//! let tracer = provider.tracer("train");
+//! let group = sampler.group(LocalCluster::new(1).broadcasters().remove(0));
+//! for step in 0..4 {
+//!     tracer.in_span("train_step", |_| {
+//!         blocking::broadcast_trace_context(&group, 0)?;
+//!         if step == 1 {
+//!             std::thread::sleep(std::time::Duration::from_millis(30)); // the slow one
+//!         }
+//!         Ok::<(), lens_core::Error>(())
+//!     })?;
+//! }
+//! drop(group); // the end: what is still undecided is kept
+//! let kept: Vec<_> = exporter.get_finished_spans().expect("spans");
+//! assert_eq!(kept.len(), 3, "the slow step, and the last two, kept as the group ended");
+//! # Ok::<(), lens_core::Error>(())
+//! ```
+//!
+//! Limits: a rank's vote reaches the source only where the backend carries it
+//! ([`crate::Broadcaster::carry_vote`]: the in-process backend does); elsewhere the source
+//! decides from what it sees itself. The decision for a step comes two rounds after it
+//! began, so a rank holds up to two steps. A step ends at each trace-context broadcast of
+//! the group; one that broadcasts several times a step makes as many steps.
+
+mod rules;
+mod state;
+mod threshold;
+mod wire;
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use opentelemetry::Context;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
+
+pub use rules::{
+    DEFAULT_MAX_BYTES, DEFAULT_MAX_SPANS, DEFAULT_WINDOW, LENS_SAMPLE, LENS_SAMPLE_MAX_BYTES,
+    LENS_SAMPLE_MAX_SPANS, MAX_BASELINE, MIN_QUANTILE_STEPS, SampleRules,
+};
+pub use state::SampleStats;
+pub use threshold::Threshold;
+pub use wire::{CARRIER_KEY, Reason};
+
+use crate::arrivals::Arrivals;
+use crate::broadcaster::Broadcaster;
+use crate::carrier::Carrier;
+use crate::error::Result;
+use state::{Release, State};
+use wire::Word;
+
+/// The names the sampler writes on the spans it passes on.
+pub mod keys {
+    /// Why the step was kept ([`super::Reason`]'s name: `slow`, `vote`, `baseline`, ...).
+    pub const REASON: &str = "lens.sample.reason";
+    /// The step, in the source's count (an integer).
+    pub const STEP: &str = "lens.sample.step";
+    /// On the first kept span of a rank after dropped steps: how many steps it dropped
+    /// since its last kept one.
+    pub const DROPPED_STEPS: &str = "lens.sample.dropped_steps";
+    /// With [`DROPPED_STEPS`]: how many spans those steps held on this rank.
+    pub const DROPPED_SPANS: &str = "lens.sample.dropped_spans";
+}
+
+struct Inner {
+    state: Mutex<State>,
+    next: RwLock<Box<dyn SpanProcessor>>,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Passes `spans` on, outside the state's lock.
+    fn pass(&self, spans: Release) {
+        if spans.is_empty() {
+            return;
+        }
+        let next = self.next.read().unwrap_or_else(|e| e.into_inner());
+        for span in spans {
+            next.on_end(span);
+        }
+    }
+
+    fn with(&self, f: impl FnOnce(&mut State, &mut Release)) {
+        let mut out = Release::new();
+        f(&mut self.state(), &mut out);
+        self.pass(out);
+    }
+}
+
+/// One rank's step sampler: its [`StepSampler::processor`] goes in the rank's tracer
+/// provider, in front of the processor that exports, and its [`StepSampler::group`] wraps
+/// the rank's broadcaster. Cloning gives another handle on the same sampler.
+#[derive(Clone)]
+pub struct StepSampler {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for StepSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepSampler")
+            .field("rules", self.inner.state().rules())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StepSampler {
+    /// A sampler with `rules` that passes the spans it keeps to `next` (a batch or simple
+    /// processor with the rank's exporter). With rules that are off, every span passes as
+    /// it ends.
+    pub fn new(rules: SampleRules, next: impl SpanProcessor + 'static) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
+        StepSampler {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::new(rules, seed)),
+                next: RwLock::new(Box::new(next)),
+            }),
+        }
+    }
+
+    /// A sampler with the rules of the environment ([`SampleRules::from_env`]).
+    ///
+    /// # Errors
+    /// As [`SampleRules::from_env`].
+    pub fn from_env(next: impl SpanProcessor + 'static) -> Result<Self> {
+        Ok(Self::new(SampleRules::from_env()?, next))
+    }
+
+    /// The span processor to give the rank's tracer provider.
+    pub fn processor(&self) -> StepProcessor {
+        StepProcessor {
+            sampler: self.clone(),
+        }
+    }
+
+    /// `group` with this sampler: its trace-context broadcasts end and begin steps. When
+    /// it is dropped, what the sampler still holds is kept.
+    pub fn group<B: Broadcaster>(&self, group: B) -> Sampled<B> {
+        Sampled {
+            group,
+            sampler: self.clone(),
+        }
+    }
+
+    /// Votes to keep this rank's current step (on every rank): say, when the step hit
+    /// something worth a look. A span that ends with an error status votes too.
+    pub fn keep_this_step(&self) {
+        self.inner.state().vote();
+    }
+
+    /// What the sampler has done so far.
+    pub fn stats(&self) -> SampleStats {
+        self.inner.state().stats()
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> SampleRules {
+        self.inner.state().rules().clone()
+    }
+
+    /// Keeps everything held now and what ends before the next round: the end of the
+    /// rank's group or provider.
+    pub fn finish(&self) {
+        self.inner.with(State::on_exit);
+    }
+
+    // The rounds' hooks (`broadcast.rs`, `blocking.rs`).
+
+    /// The rank enters a round: its vote for the step that ends goes with it, where the
+    /// backend carries votes.
+    pub(crate) fn before_round(&self, b: &dyn Broadcaster) {
+        let vote = self.inner.state().before_round(Instant::now());
+        if vote && !b.carry_vote(true) {
+            tracing::debug!(
+                rank = b.rank(),
+                "step sampler: this backend does not carry votes to the source"
+            );
+        }
+    }
+
+    /// The source writes its word into the carrier it sends.
+    pub(crate) fn stamp(&self, carrier: &Carrier) -> Option<Carrier> {
+        let word = self.inner.state().word()?;
+        let mut c = carrier.clone();
+        c.insert(wire::CARRIER_KEY, word.encode());
+        Some(c)
+    }
+
+    pub(crate) fn after_source_round(&self, arrivals: Option<&Arrivals>, carrier: &Carrier) {
+        let randomness = step_randomness(carrier);
+        let now = Instant::now();
+        self.inner
+            .with(|s, out| s.after_source_round(arrivals, randomness, now, out));
+    }
+
+    /// Another rank's round came in: the word is taken out of the carrier and applied.
+    pub(crate) fn after_member_round(&self, carrier: &mut Carrier) {
+        let word = Word::take(carrier);
+        let randomness = step_randomness(carrier);
+        let now = Instant::now();
+        self.inner
+            .with(|s, out| s.after_member_round(word, randomness, now, out));
+    }
+
+    pub(crate) fn on_round_error(&self) {
+        self.inner.with(State::on_error);
+    }
+}
+
+/// The 56 random bits of the step's trace id, where the carrier has one.
+fn step_randomness(carrier: &Carrier) -> Option<u64> {
+    carrier
+        .span_context()
+        .map(|sc| threshold::randomness(sc.trace_id()))
+}
+
+/// The span processor of a [`StepSampler`]: holds each span until its step is decided,
+/// then passes it on or drops it.
+#[derive(Debug, Clone)]
+pub struct StepProcessor {
+    sampler: StepSampler,
+}
+
+impl SpanProcessor for StepProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        let next = self
+            .sampler
+            .inner
+            .next
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        next.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.sampler.inner.with(|s, out| s.on_end(span, out));
+    }
+
+    /// Flushes the next processor; held steps stay held (their decision is to come).
+    fn force_flush(&self) -> OTelSdkResult {
+        let next = self
+            .sampler
+            .inner
+            .next
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        next.force_flush()
+    }
+
+    /// Keeps what is held, then shuts the next processor down.
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.sampler.finish();
+        let next = self
+            .sampler
+            .inner
+            .next
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        next.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        let mut next = self
+            .sampler
+            .inner
+            .next
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        next.set_resource(resource);
+    }
+}
+
+/// A rank's group with its [`StepSampler`] ([`StepSampler::group`]): a [`Broadcaster`]
+/// like the one it wraps.
+pub struct Sampled<B> {
+    group: B,
+    sampler: StepSampler,
+}
+
+impl<B> Sampled<B> {
+    /// The group it wraps.
+    pub fn inner(&self) -> &B {
+        &self.group
+    }
+
+    /// Its sampler.
+    pub fn sampler(&self) -> &StepSampler {
+        &self.sampler
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for Sampled<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampled")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Drop for Sampled<B> {
+    fn drop(&mut self) {
+        self.sampler.finish();
+    }
+}
+
+#[async_trait::async_trait]
+impl<B: Broadcaster> Broadcaster for Sampled<B> {
+    fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.group.world_size()
+    }
+
+    fn max_payload(&self) -> usize {
+        self.group.max_payload()
+    }
+
+    fn local_rank(&self) -> Option<usize> {
+        self.group.local_rank()
+    }
+
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        self.group.broadcast(root, payload).await
+    }
+
+    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
+        self.group.broadcast_sync(root, payload)
+    }
+
+    fn take_arrivals(&self) -> Option<Arrivals> {
+        self.group.take_arrivals()
+    }
+
+    fn rounds_started(&self) -> Option<u64> {
+        self.group.rounds_started()
+    }
+
+    fn carry_vote(&self, vote: bool) -> bool {
+        self.group.carry_vote(vote)
+    }
+
+    fn step_sampler(&self) -> Option<&StepSampler> {
+        Some(&self.sampler)
+    }
+}
