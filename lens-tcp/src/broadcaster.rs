@@ -318,9 +318,19 @@ impl Broadcaster for TcpBroadcaster {
     /// subtree came, so rank 0 places every rank on its own clock within a network hop per
     /// tree level, with no clock offsets needed; a root other than 0 hears it in rank 0's
     /// DONE. In a tree an ack (and a DONE) carries the earliest and the latest few.
+    /// The ranks that voted come the same way: each ack names voters of its subtree (a
+    /// few: the source needs one), rank 0's DONE names them to another root.
     fn take_arrivals(&self) -> Option<Arrivals> {
-        let times = std::mem::take(&mut self.state().arrivals);
-        Arrivals::from_times(times)
+        let mut g = self.state();
+        let times = std::mem::take(&mut g.arrivals);
+        let voted = std::mem::take(&mut g.voted);
+        Arrivals::from_times(times).map(|a| a.with_voted(voted))
+    }
+
+    /// Carried in this rank's ack of its next round.
+    fn carry_vote(&self, vote: bool) -> bool {
+        self.state().vote = vote;
+        true
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {

@@ -21,9 +21,10 @@
 //! | WELCOME | the joiner's nonce, endpoint length (u16), the endpoint of its tree parent (empty when that is rank 0) |
 //! | REJECT | the joiner's nonce, the reason (UTF-8) |
 //! | DATA | the round's payload |
-//! | ACK, FAIL | ranks (u32 each): missing below the sender / missing in the round |
+//! | ACK | the count (u32) and ranks (u32 each) missing below the sender; the count (u8, at most 8) and ranks of its subtree that voted to keep the step; then arrivals, 12 bytes each (rank u32, ns i64), at most 8 |
+//! | FAIL | ranks (u32 each) missing in the round |
 //! | JOIN FAIL | the joiner's nonce, then the ranks that never joined (u32 each) |
-//! | DONE | empty |
+//! | DONE | voters as in ACK, then arrivals as in ACK (both empty unless the root is not rank 0) |
 //! | KEY MISMATCH | empty, and its tag is not checked: a hint to a peer whose key differs |
 //!
 //! Checks run cheapest first (length, magic, kind, what the connection may send) so a

@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::message::{MAX_ARRIVALS, Message};
+use crate::message::{MAX_ARRIVALS, MAX_VOTERS, Message};
 
 use crate::tree::Tree;
 use arrivals::{few_arrivals, ns_between, shift};
@@ -66,6 +66,8 @@ pub(crate) struct Plan {
     pub round: u64,
     pub root: usize,
     pub timeout: Duration,
+    /// This rank votes to keep the step the round ends (the step sampler's).
+    pub vote: bool,
 }
 
 /// A frame of this round as the machine hears it: already authenticated and of this
@@ -164,6 +166,9 @@ pub(crate) struct RoundMachine {
     arrivals: Vec<(usize, Instant)>,
     /// A root other than 0: the arrivals rank 0's DONE carried (ns after rank 0 came).
     told_arrivals: Vec<(usize, i64)>,
+    /// Ranks of this rank's subtree that voted (this rank's own vote, its children's acks);
+    /// at a root other than 0, what rank 0's DONE named.
+    voted: Vec<usize>,
     outcome: Option<Outcome>,
 }
 
@@ -182,6 +187,7 @@ impl RoundMachine {
             round,
             root,
             timeout,
+            vote,
         } = plan;
         let mut m = RoundMachine {
             me,
@@ -202,6 +208,7 @@ impl RoundMachine {
             relayed: None,
             arrivals: Vec::new(),
             told_arrivals: Vec::new(),
+            voted: if vote { vec![me] } else { Vec::new() },
             outcome: None,
         };
         match (me, mine) {
@@ -240,6 +247,28 @@ impl RoundMachine {
         } else {
             std::mem::take(&mut self.told_arrivals)
         }
+    }
+
+    /// The root, once every rank has the data: the ranks that voted (rank 0 as the root:
+    /// those its acks named; another root: those rank 0's DONE named); empty otherwise
+    /// (taken).
+    pub(crate) fn take_voted(&mut self) -> Vec<usize> {
+        if self.me != self.root || !matches!(self.outcome, Some(Outcome::Delivered(_))) {
+            return Vec::new();
+        }
+        let mut v = std::mem::take(&mut self.voted);
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// What an ack or a DONE names of the voters: a few, the source needs one.
+    fn few_voters(&self) -> Vec<usize> {
+        let mut v = self.voted.clone();
+        v.sort_unstable();
+        v.dedup();
+        v.truncate(MAX_VOTERS);
+        v
     }
 
     /// Rank 0: the arrivals it knows, in ns after its own start.
@@ -332,6 +361,7 @@ impl RoundMachine {
                 Step::Acks,
                 Message::Ack {
                     missing: below,
+                    voted,
                     arrivals,
                 },
             ) if from == From::Rank(sender) => {
@@ -348,6 +378,13 @@ impl RoundMachine {
                 }
                 self.missing
                     .extend(below.iter().copied().filter(|&r| tree.is_below(r, sender)));
+                self.voted.extend(
+                    voted
+                        .iter()
+                        .copied()
+                        .filter(|&r| tree.is_below(r, sender))
+                        .take(MAX_VOTERS),
+                );
                 self.arrivals.extend(
                     arrivals
                         .iter()
@@ -376,9 +413,11 @@ impl RoundMachine {
                 } else if let Message::Fail { missing } = msg {
                     self.end(Outcome::Missing(missing.clone()));
                 } else {
-                    if let Message::Done { arrivals } = msg {
-                        // Rank 0's account of how the ranks came, for the root's span.
+                    if let Message::Done { voted, arrivals } = msg {
+                        // Rank 0's account of how the ranks came, for the root's span, and
+                        // of who voted, for its step sampler.
                         self.told_arrivals.clone_from(arrivals);
+                        self.voted.clone_from(voted);
                     }
                     let data = std::mem::take(&mut self.data);
                     self.end(Outcome::Delivered(data));
@@ -514,6 +553,7 @@ impl RoundMachine {
         }
         let ack = Message::Ack {
             missing: self.missing.clone(),
+            voted: self.few_voters(),
             arrivals: few_arrivals(
                 std::mem::take(&mut self.arrivals)
                     .into_iter()
@@ -564,7 +604,12 @@ impl RoundMachine {
                     .map(|(r, ns)| (r, -ns))
                     .collect()
             };
-            Message::Done { arrivals }
+            let voted = if root == 0 {
+                Vec::new()
+            } else {
+                self.few_voters()
+            };
+            Message::Done { voted, arrivals }
         } else {
             Message::Fail {
                 missing: missing.clone(),

@@ -86,14 +86,20 @@ pub(crate) enum Message<'a> {
     /// A rank received a round: the ranks missing below it, and when ranks of its subtree
     /// came to the round (the earliest and the latest few, at most [`MAX_ARRIVALS`]), each
     /// in nanoseconds after the data reached that rank (negative: it came first and waited).
+    /// It also names ranks of its subtree that voted to keep the step the round ends (the
+    /// step sampler's; at most [`MAX_VOTERS`]).
     Ack {
         missing: Vec<usize>,
+        voted: Vec<usize>,
         arrivals: Vec<(usize, i64)>,
     },
     /// Every rank received the round (rank 0 to a root other than itself), with when the
     /// ranks came to it, in ns after the first (the earliest and the latest few, at most
-    /// [`MAX_ARRIVALS`]).
-    Done { arrivals: Vec<(usize, i64)> },
+    /// [`MAX_ARRIVALS`]), and ranks that voted (at most [`MAX_VOTERS`]).
+    Done {
+        voted: Vec<usize>,
+        arrivals: Vec<(usize, i64)>,
+    },
     /// The round failed for want of these ranks.
     Fail { missing: Vec<usize> },
 }
@@ -120,7 +126,10 @@ impl Message<'_> {
         let mut p = Vec::new();
         match self {
             Message::Data(d) => return Cow::Borrowed(d),
-            Message::Done { arrivals } => push_arrivals(&mut p, arrivals),
+            Message::Done { voted, arrivals } => {
+                push_voters(&mut p, voted);
+                push_arrivals(&mut p, arrivals);
+            }
             Message::Knock { world, joiner } => {
                 p.extend_from_slice(&world.to_le_bytes());
                 p.extend_from_slice(joiner);
@@ -150,9 +159,14 @@ impl Message<'_> {
                 p.extend_from_slice(joiner);
                 push_ranks(&mut p, missing);
             }
-            Message::Ack { missing, arrivals } => {
+            Message::Ack {
+                missing,
+                voted,
+                arrivals,
+            } => {
                 p.extend_from_slice(&u32::try_from(missing.len()).unwrap_or(0).to_le_bytes());
                 push_ranks(&mut p, missing);
+                push_voters(&mut p, voted);
                 push_arrivals(&mut p, arrivals);
             }
             Message::Fail { missing } => push_ranks(&mut p, missing),
@@ -184,8 +198,16 @@ impl Message<'_> {
             },
             Message::JoinFail { joiner, missing } => Message::JoinFail { joiner, missing },
             Message::Data(d) => Message::Data(Cow::Owned(d.into_owned())),
-            Message::Ack { missing, arrivals } => Message::Ack { missing, arrivals },
-            Message::Done { arrivals } => Message::Done { arrivals },
+            Message::Ack {
+                missing,
+                voted,
+                arrivals,
+            } => Message::Ack {
+                missing,
+                voted,
+                arrivals,
+            },
+            Message::Done { voted, arrivals } => Message::Done { voted, arrivals },
             Message::Fail { missing } => Message::Fail { missing },
         }
     }
@@ -240,12 +262,21 @@ impl Message<'static> {
                 let count = usize::try_from(u32_at(&p, 0)?).ok()?;
                 let end = count.checked_mul(4)?.checked_add(4)?;
                 let missing = read_ranks(p.get(4..end)?)?;
+                let (voted, end) = read_voters(&p, end)?;
                 let arrivals = read_arrivals(p.get(end..)?)?;
-                Message::Ack { missing, arrivals }
+                Message::Ack {
+                    missing,
+                    voted,
+                    arrivals,
+                }
             }
-            Kind::Done => Message::Done {
-                arrivals: read_arrivals(&p)?,
-            },
+            Kind::Done => {
+                let (voted, end) = read_voters(&p, 0)?;
+                Message::Done {
+                    voted,
+                    arrivals: read_arrivals(p.get(end..)?)?,
+                }
+            }
             Kind::Fail => Message::Fail {
                 missing: read_ranks(&p)?,
             },
@@ -276,6 +307,26 @@ fn read_str(p: &[u8], at: usize) -> Option<(String, usize)> {
     }
     let s = p.get(at + 2..at + 2 + len)?;
     Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
+}
+
+/// Voters an ACK or DONE names at most: the source needs one to keep the step.
+pub(crate) const MAX_VOTERS: usize = 8;
+
+/// A count byte, then the ranks.
+fn push_voters(p: &mut Vec<u8>, voted: &[usize]) {
+    let voted = &voted[..voted.len().min(MAX_VOTERS)];
+    p.push(u8::try_from(voted.len()).unwrap_or(0));
+    push_ranks(p, voted);
+}
+
+/// The voters at `at`, and where they end.
+fn read_voters(p: &[u8], at: usize) -> Option<(Vec<usize>, usize)> {
+    let count = usize::from(*p.get(at)?);
+    if count > MAX_VOTERS {
+        return None;
+    }
+    let end = at + 1 + 4 * count;
+    Some((read_ranks(p.get(at + 1..end)?)?, end))
 }
 
 /// Arrivals an ACK carries at most: the earliest of its subtree and the latest ones.
@@ -369,14 +420,25 @@ mod tests {
             Message::Data(Cow::Borrowed(b"")),
             Message::Ack {
                 missing: vec![],
+                voted: vec![],
                 arrivals: vec![],
             },
             Message::Ack {
                 missing: vec![1, 5],
+                voted: vec![4],
                 arrivals: vec![(3, -12), (4, i64::MAX), (9, 0)],
             },
-            Message::Done { arrivals: vec![] },
+            Message::Ack {
+                missing: vec![],
+                voted: (0..MAX_VOTERS).collect(),
+                arrivals: vec![(1, 2)],
+            },
             Message::Done {
+                voted: vec![],
+                arrivals: vec![],
+            },
+            Message::Done {
+                voted: vec![2, 7],
                 arrivals: vec![(2, 0), (0, 7_000)],
             },
             Message::Fail { missing: vec![3] },
@@ -420,20 +482,36 @@ mod tests {
                 Kind::Ack,
                 [2u32.to_le_bytes().to_vec(), vec![0; 4]].concat(),
             ),
+            ("an ack without its voters' count", Kind::Ack, vec![0; 4]),
             (
                 "an arrival cut short",
                 Kind::Ack,
-                [vec![0; 4], vec![0; 11]].concat(),
+                [vec![0; 5], vec![0; 11]].concat(),
             ),
             (
                 "more arrivals than an ack may carry",
                 Kind::Ack,
-                [vec![0; 4], vec![0; 12 * 9]].concat(),
+                [vec![0; 5], vec![0; 12 * 9]].concat(),
+            ),
+            (
+                "more voters than an ack may name",
+                Kind::Ack,
+                [vec![0; 4], vec![9], vec![0; 36]].concat(),
+            ),
+            (
+                "an ack counting more voters than it holds",
+                Kind::Ack,
+                [vec![0; 4], vec![2], vec![0; 4]].concat(),
             ),
             ("join failure too short", Kind::JoinFail, vec![0; 15]),
             ("reject too short", Kind::Reject, vec![0; 15]),
-            ("done with a cut arrival", Kind::Done, vec![0]),
-            ("done with too many arrivals", Kind::Done, vec![0; 12 * 9]),
+            ("done without its voters' count", Kind::Done, vec![]),
+            ("done with a cut arrival", Kind::Done, vec![0, 0]),
+            (
+                "done with too many arrivals",
+                Kind::Done,
+                vec![0; 1 + 12 * 9],
+            ),
             ("an endpoint over the limit", Kind::Welcome, {
                 let mut p = a.to_vec();
                 p.extend_from_slice(&300u16.to_le_bytes());

@@ -93,6 +93,7 @@ impl RankState {
             round,
             root,
             timeout,
+            vote: std::mem::take(&mut self.vote),
         };
         let mut m = RoundMachine::start(&mut self.links(root), plan, payload, Instant::now());
         // Frames of this round that came before it started here.
@@ -131,8 +132,9 @@ impl RankState {
         }
         self.drive(&mut m, root)?;
         let result = self.conclude(m, root);
-        // Its arrivals would be taken for a later round's.
+        // Its arrivals (and voters) would be taken for a later round's.
         self.arrivals.clear();
+        self.voted.clear();
         if let Err(e) = &result {
             tracing::warn!(round = self.round, error = %e, "a round this rank returned from early (queued) failed");
         }
@@ -181,6 +183,7 @@ impl RankState {
         let round = self.round;
         self.last_answers = m.answers().to_vec();
         self.arrivals = m.take_arrivals();
+        self.voted = m.take_voted();
         let after = m.elapsed(Instant::now());
         let outcome = m.take_outcome();
         if let Some(o) = &outcome {

@@ -39,6 +39,10 @@ pub(crate) struct RankState {
     /// Rank 0 as the root of the last round: when each rank came to it, in ns after rank
     /// 0 did.
     pub arrivals: Vec<(usize, i64)>,
+    /// As the root of the last round: the ranks that voted to keep the step it ended.
+    pub voted: Vec<usize>,
+    /// This rank's vote, for its next round (`Broadcaster::carry_vote`).
+    pub vote: bool,
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
@@ -133,6 +137,8 @@ impl RankState {
             round: 0,
             pending: VecDeque::new(),
             arrivals: Vec::new(),
+            voted: Vec::new(),
+            vote: false,
             last_answers: Vec::new(),
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
             open: None,

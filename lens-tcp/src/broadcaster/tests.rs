@@ -158,6 +158,7 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
         let forged = g.frame(
             &Message::Ack {
                 missing: vec![2],
+                voted: Vec::new(),
                 arrivals: Vec::new(),
             },
             1,

@@ -80,7 +80,7 @@ fn frame_table() {
         joiner: [0; NONCE],
     };
     let knock = strip(&other.encode(&knock, 1, 0, 0, 0)).to_vec();
-    let unfit = strip(&codec.encode_raw(Kind::Ack, 1, 2, 3, 0, &[0; 5])).to_vec();
+    let unfit = strip(&codec.encode_raw(Kind::Ack, 1, 2, 3, 0, &[0; 6])).to_vec();
     let only_joins = |k: Kind| matches!(k, Kind::Knock | Kind::Hello);
     let rows: Vec<(&str, Vec<u8>, bool, Result<(), Reject>)> = vec![
         ("well-formed", good.clone(), false, Ok(())),

@@ -142,6 +142,11 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
+/// Which ranks vote to keep the step (the step sampler's vote, in their acks).
+fn votes(r: usize) -> bool {
+    r % 3 == 1
+}
+
 struct Sim {
     tree: Tree,
     root: usize,
@@ -149,6 +154,8 @@ struct Sim {
     net: Net,
     machines: Vec<RoundMachine>,
     outcomes: Vec<Option<Outcome>>,
+    /// What each machine's `take_voted` said as its round ended.
+    voted: Vec<Vec<usize>>,
     dead: Vec<bool>,
     now: Instant,
 }
@@ -173,6 +180,7 @@ impl Sim {
                     round: ROUND,
                     root,
                     timeout: TIMEOUT,
+                    vote: votes(me),
                 };
                 RoundMachine::start(&mut links, plan, mine, now)
             })
@@ -184,6 +192,7 @@ impl Sim {
             net,
             machines,
             outcomes: vec![None; n],
+            voted: vec![Vec::new(); n],
             dead: vec![false; n],
             now,
         };
@@ -202,11 +211,38 @@ impl Sim {
     }
 
     fn collect(&mut self) {
-        for (m, o) in self.machines.iter_mut().zip(&mut self.outcomes) {
+        for ((m, o), v) in self
+            .machines
+            .iter_mut()
+            .zip(&mut self.outcomes)
+            .zip(&mut self.voted)
+        {
             if o.is_none() {
+                *v = m.take_voted();
                 *o = m.take_outcome();
             }
         }
+    }
+
+    /// What the root heard of the voters: only ranks that voted, and one at least when
+    /// any did and every rank had the data.
+    fn check_voters(&self) -> Result<(), TestCaseError> {
+        let n = self.tree.n;
+        let heard = &self.voted[self.root];
+        prop_assert!(
+            heard.iter().all(|&r| votes(r) && r < n),
+            "root {}: {heard:?}",
+            self.root
+        );
+        let delivered = self
+            .outcomes
+            .iter()
+            .all(|o| matches!(o, Some(Outcome::Delivered(_))));
+        let any = (0..n).any(|r| votes(r) && r != self.root);
+        if delivered && any {
+            prop_assert!(!heard.is_empty(), "root {} heard no voter", self.root);
+        }
+        Ok(())
     }
 
     /// Hands `msg` to rank `to`, which hears it on `from`; as the socket layer does, a rank
@@ -322,9 +358,11 @@ impl Sim {
                         0 => Message::Data(Cow::Borrowed(b"forged")),
                         1 => Message::Ack {
                             missing: vec![x % n],
+                            voted: vec![x % n],
                             arrivals: vec![(x % n, -1)],
                         },
                         2 => Message::Done {
+                            voted: vec![x % n],
                             arrivals: Vec::new(),
                         },
                         _ => Message::Fail {
@@ -359,7 +397,8 @@ impl Sim {
                     sender: member,
                     root: self.root,
                     msg: Message::Ack {
-                        missing: outside,
+                        missing: outside.clone(),
+                        voted: outside,
                         arrivals: Vec::new(),
                     },
                 };
@@ -464,6 +503,7 @@ proptest! {
             }
             prop_assert!(sim.machines[rank].deadline() < end);
         }
+        sim.check_voters()?;
     }
 
     /// Resets (each followed, at any later point, by the member proving the key again),
@@ -501,6 +541,7 @@ proptest! {
             prop_assert_eq!(o.as_ref(), Some(&Outcome::Delivered(payload.clone())), "rank {} of {} (k {:?}, root {})", rank, n, k, root);
         }
         prop_assert_eq!(waited, Duration::ZERO);
+        sim.check_voters()?;
     }
 }
 
