@@ -184,9 +184,22 @@ fn sixty_four_ranks_keep_the_same_steps_whole() {
             );
         }
         match &first {
-            None => first = Some(steps),
+            None => first = Some(steps.clone()),
             Some(f) => assert_eq!(&steps, f, "rank {rank} keeps what rank 0 keeps"),
         }
+        // Its record of the decisions says the same.
+        let decided: BTreeSet<i64> = sampler
+            .decisions()
+            .iter()
+            .filter(|(_, keep)| keep.is_some())
+            .map(|&(step, _)| step as i64)
+            .collect();
+        assert_eq!(decided, steps, "rank {rank}: {:?}", sampler.decisions());
+        assert!(
+            sampler.decisions().contains(&(9, Some(Reason::Slow))),
+            "rank {rank}: {:?}",
+            sampler.decisions()
+        );
         let st = sampler.stats();
         assert_eq!(st.held_spans, 0, "rank {rank} holds nothing at the end");
         assert_eq!(

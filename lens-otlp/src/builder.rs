@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use lens_core::backend::{EnvErrors, parse_timeout_secs};
+use lens_core::sample::{LENS_SAMPLE, SampleRules, StepSampler};
 use lens_core::{Error, RankInfo, Result};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
@@ -91,6 +92,8 @@ pub struct OtlpBuilder {
     env_errors: EnvErrors,
     /// The protocol the variables chose, when they chose one.
     env_protocol: Option<Protocol>,
+    /// The step sampler's rules (off unless set, in code or by `LENS_SAMPLE`).
+    sample: SampleRules,
 }
 
 impl OtlpBuilder {
@@ -121,16 +124,18 @@ impl OtlpBuilder {
             detect: detected(&|k| std::env::var(k).ok()),
             env_errors: EnvErrors::default(),
             env_protocol: None,
+            sample: SampleRules::default(),
         }
     }
 
     /// A builder that reads the standard variables of [`crate::env`]: the protocol,
     /// endpoint, headers, timeout, compression, `INSECURE` and the TLS files
     /// (`OTEL_EXPORTER_OTLP_*`, the traces variable first), `OTEL_SDK_DISABLED`,
-    /// `OTEL_SERVICE_NAME`, which ranks export (`LENS_OTLP_EXPORT_RANKS`) and
-    /// `LENS_OTLP_TIMEOUT`. The batch processor reads `OTEL_BSP_*`. A value that does not
-    /// parse, or that lens cannot honour, is reported by [`OtlpBuilder::build`] naming the
-    /// variable, unless code sets that field.
+    /// `OTEL_SERVICE_NAME`, which ranks export (`LENS_OTLP_EXPORT_RANKS`),
+    /// `LENS_OTLP_TIMEOUT` and the step sampler's `LENS_SAMPLE*` ([`OtlpBuilder::sample`]).
+    /// The batch processor reads `OTEL_BSP_*`. A value that does not parse, or that lens
+    /// cannot honour, is reported by [`OtlpBuilder::build`] naming the variable, unless code
+    /// sets that field.
     pub fn from_env(info: RankInfo) -> Self {
         Self::from_vars(info, |k| std::env::var(k).ok())
     }
@@ -167,7 +172,24 @@ impl OtlpBuilder {
                 Err(e) => b.note(env::LENS_OTLP_TIMEOUT, e),
             }
         }
+        match SampleRules::from_env_with(&lookup) {
+            Ok(rules) => b.sample = rules,
+            // The error names its variable already.
+            Err(e) => b.env_errors.note_error(LENS_SAMPLE, e),
+        }
         b
+    }
+
+    /// Keeps or drops each step whole on every rank ([`lens_core::sample`]): exported spans
+    /// wait in a step sampler until their step is decided, and the guard's
+    /// [`OtlpGuard::sampler`] wraps the rank's group (`sampler.group(b)`), whose
+    /// trace-context broadcasts end the steps. Variables `LENS_SAMPLE`,
+    /// `LENS_SAMPLE_MAX_SPANS`, `LENS_SAMPLE_MAX_BYTES`. Only the export waits: spans
+    /// handed to [`OtlpBuilder::also_export_to`] pass as they end.
+    pub fn sample(mut self, rules: SampleRules) -> Self {
+        self.code_sets(&[LENS_SAMPLE]);
+        self.sample = rules;
+        self
     }
 
     /// Code set the field these variables configure: their errors no longer count.
@@ -440,6 +462,7 @@ impl OtlpBuilder {
             .then(|| Arc::new(ClockShift::new(self.clock)));
         let mut runtime = None;
         let mut target = None;
+        let mut sampler = None;
         if exporting {
             let url = url_for(self.endpoint.as_ref(), protocol, self.insecure)?;
             let tls = if url.starts_with("https://") {
@@ -474,7 +497,13 @@ impl OtlpBuilder {
                 counts: Arc::clone(&counts),
                 clock: clock.clone(),
             };
-            provider = provider.with_span_processor(processor);
+            if self.sample.is_off() {
+                provider = provider.with_span_processor(processor);
+            } else {
+                let s = StepSampler::new(self.sample, processor);
+                provider = provider.with_span_processor(s.processor());
+                sampler = Some(s);
+            }
             target = Some((protocol, url));
         }
         Ok(OtlpGuard::new(
@@ -485,6 +514,7 @@ impl OtlpBuilder {
             target,
             shutdown_timeout,
             clock,
-        ))
+        )
+        .with_sampler(sampler))
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use lens_core::sample::StepSampler;
 use lens_core::{Error, RankInfo, Result};
 use opentelemetry::InstrumentationScope;
 use opentelemetry::trace::TracerProvider as _;
@@ -31,6 +32,8 @@ pub struct OtlpGuard {
     hang_flush: AtomicU64,
     /// The offset exported spans are moved by, where timestamps are corrected.
     clock: Option<Arc<ClockShift>>,
+    /// The step sampler in front of the export, with `OtlpBuilder::sample`.
+    sampler: Option<StepSampler>,
 }
 
 impl std::fmt::Debug for OtlpGuard {
@@ -63,7 +66,21 @@ impl OtlpGuard {
             done: false,
             hang_flush: AtomicU64::new(0),
             clock,
+            sampler: None,
         }
+    }
+
+    /// With the step sampler in front of the export.
+    pub(crate) fn with_sampler(mut self, sampler: Option<StepSampler>) -> Self {
+        self.sampler = sampler;
+        self
+    }
+
+    /// The step sampler in front of this rank's export, when rules were given
+    /// (`OtlpBuilder::sample`, `LENS_SAMPLE`) and this rank exports: wrap the rank's group
+    /// with it (`sampler.group(b)`).
+    pub fn sampler(&self) -> Option<&StepSampler> {
+        self.sampler.as_ref()
     }
 
     /// This rank's clock offset measured again (a `lens_core::ClockTracker` step, or

@@ -65,6 +65,53 @@ fn mpi_demo_names_the_straggler_in_every_step() {
     }
 }
 
+/// `--sample` under mpirun: every rank's sampler keeps the same steps, the slow ones among
+/// them, and only those reach the receiver, whole, each with its threshold.
+#[test]
+#[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
+fn mpi_demo_keeps_the_slow_steps_whole_on_every_rank() {
+    use lens::testkit::otlp::Receiver;
+    let receiver = Receiver::start().expect("receiver");
+    let endpoint = receiver.http_endpoint();
+    let (ok, out) = mpirun(
+        3,
+        &[
+            "demo",
+            "--backend",
+            "mpi",
+            "--steps",
+            "20",
+            "--quiet",
+            "--sample",
+            "slower-than=40ms",
+            "--inject",
+            "delay:1:60@5,11",
+            "--otlp",
+            &endpoint,
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("on every rank") && out.contains("slow"),
+        "{out}"
+    );
+    let spans = receiver.wait_for(3 * 4, Duration::from_secs(20));
+    let mut by_step: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+    for s in &spans {
+        assert!(s.trace_state.contains("ot=th:"), "{s:?}");
+        by_step
+            .entry(s.int("nv.dl.step").expect("step"))
+            .or_default()
+            .push(s.rank().expect("rank"));
+    }
+    for step in [5, 11] {
+        let mut ranks = by_step.get(&step).cloned().unwrap_or_default();
+        ranks.sort_unstable();
+        assert_eq!(ranks, vec![0, 1, 2], "step {step} whole: {by_step:?}");
+    }
+    assert!(by_step.len() < 12, "most steps dropped: {by_step:?}");
+}
+
 #[test]
 #[ignore = "needs mpirun: scripts/test.sh installs Open MPI and runs it with --ignored"]
 fn mpi_demo_exports_every_rank_over_otlp() {

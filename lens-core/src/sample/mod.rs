@@ -191,6 +191,13 @@ impl StepSampler {
         self.inner.state().stats()
     }
 
+    /// The latest steps decided on this rank, oldest first, with why each was kept
+    /// (`None`: dropped): the decisions the source sent, and the steps this rank kept
+    /// without one (a cap, an error, the end). At most the last 4,096.
+    pub fn decisions(&self) -> Vec<(u64, Option<Reason>)> {
+        self.inner.state().decisions()
+    }
+
     /// The rules.
     pub fn rules(&self) -> SampleRules {
         self.inner.state().rules().clone()

@@ -71,7 +71,12 @@ pub(crate) struct State {
     round_end: Option<Instant>,
     window: VecDeque<u64>,
     rng: u64,
+    /// The latest decisions, oldest first (at most [`DECISIONS_KEPT`]).
+    decisions: VecDeque<(u64, Option<Reason>)>,
 }
+
+/// Decisions a sampler remembers for [`super::StepSampler::decisions`].
+pub(crate) const DECISIONS_KEPT: usize = 4096;
 
 /// Spans to pass on, decided outside the lock.
 pub(crate) type Release = Vec<SpanData>;
@@ -95,6 +100,7 @@ impl State {
             round_end: None,
             window: VecDeque::new(),
             rng: seed | 1,
+            decisions: VecDeque::new(),
         }
     }
 
@@ -104,6 +110,20 @@ impl State {
 
     pub(crate) fn stats(&self) -> SampleStats {
         self.stats
+    }
+
+    pub(crate) fn decisions(&self) -> Vec<(u64, Option<Reason>)> {
+        self.decisions.iter().copied().collect()
+    }
+
+    fn note(&mut self, step: u64, keep: Option<Reason>) {
+        if self.decisions.iter().any(|&(s, _)| s == step) {
+            return; // the first word on a step stands (kept early, then decided)
+        }
+        if self.decisions.len() == DECISIONS_KEPT {
+            self.decisions.pop_front();
+        }
+        self.decisions.push_back((step, keep));
     }
 
     pub(crate) fn vote(&mut self) {
@@ -150,6 +170,7 @@ impl State {
             self.vote = true;
             self.passing = Some(Reason::Cap);
             self.release(step, Some(Reason::Cap), Threshold::ALWAYS, out);
+            self.note(step, Some(Reason::Cap));
         }
     }
 
@@ -339,10 +360,11 @@ impl State {
             }
             None => None,
         };
-        if let Some(d) = word.and_then(|w| w.decision)
-            && self.held.iter().any(|h| h.step == d.step)
-        {
-            self.release(d.step, d.keep, d.threshold, out);
+        if let Some(d) = word.and_then(|w| w.decision) {
+            self.note(d.step, d.keep);
+            if self.held.iter().any(|h| h.step == d.step) {
+                self.release(d.step, d.keep, d.threshold, out);
+            }
         }
         let next = word.map_or(self.step + 1, |w| w.step);
         let stale: Vec<u64> = self
@@ -367,6 +389,7 @@ impl State {
         let Some(h) = self.held.remove(at) else {
             return;
         };
+        self.note(step, keep);
         self.stats.held_spans -= h.spans.len();
         self.stats.held_bytes -= h.bytes;
         match keep {

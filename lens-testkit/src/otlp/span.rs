@@ -130,6 +130,8 @@ pub struct ReceivedSpan {
     pub start_unix_nano: u64,
     /// Its end, in nanoseconds since the Unix epoch.
     pub end_unix_nano: u64,
+    /// Its W3C tracestate, as sent (empty when it had none).
+    pub trace_state: String,
 }
 
 impl ReceivedSpan {
@@ -206,6 +208,7 @@ fn flatten_span(via: Via, resource: &[(String, Value)], scope: &str, s: &Span) -
         kind: s.kind,
         start_unix_nano: s.start_time_unix_nano,
         end_unix_nano: s.end_time_unix_nano,
+        trace_state: s.trace_state.clone(),
     }
 }
 

@@ -81,9 +81,17 @@ pub(crate) struct DemoArgs {
     /// Deadline of each collective, in seconds.
     #[arg(long, default_value_t = 10.0)]
     pub(crate) timeout: f64,
-    /// Inject a fault to see how failures look: `absent:R`, `corrupt:R` or `delay:R:MS`.
+    /// Inject a fault to see how failures look: `absent:R`, `corrupt:R`, `delay:R:MS`
+    /// (rank R comes MS ms late to every step) or `delay:R:MS@S1,S2,...` (rank R sleeps MS ms
+    /// inside the listed steps only, counted from 0).
     #[arg(long, value_name = "FAULT")]
     pub(crate) inject: Vec<String>,
+    /// Keep or drop each step whole on every rank (lens's step sampler): the rules, as
+    /// LENS_SAMPLE takes them, comma-separated: `slower-than=25ms` or `slower-than=p99`,
+    /// `spread-over=5ms`, `votes=off`, `baseline=50` (1 in 50 of the rest). Only the export
+    /// (--otlp) is sampled; the view shows every step and marks the kept ones and why.
+    #[arg(long, value_name = "RULES")]
+    pub(crate) sample: Option<String>,
     /// Print no terminal view, only the verdict.
     #[arg(long)]
     pub(crate) quiet: bool,

@@ -1,13 +1,15 @@
 //! `lens demo`: runs a pipeline-parallel job on a backend, then shows and checks its trace.
 //! It knows no backend: each one forms its group and runs its ranks (`backends/`).
 
+use std::collections::BTreeMap;
+
 use lens::Parent;
 
 use super::args::{DemoArgs, secs_arg};
 use super::backend::{Backend, DemoRun};
 use super::export::{self, OTLP_LINE};
 use super::rank::{STAGE_SPAN, STEP_SPAN, parent_of};
-use super::record::{CLOCK_LINE, Job, SPAN_LINE, SpanRecord, clock_json};
+use super::record::{CLOCK_LINE, Job, KEPT_LINE, SPAN_LINE, SpanRecord, clock_json, kept_json};
 use super::view;
 
 pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> {
@@ -26,6 +28,9 @@ pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> 
                 }
                 if let Some(e) = &run.export {
                     println!("{OTLP_LINE}{}", e.to_json());
+                }
+                if let Some(k) = &run.kept {
+                    println!("{KEPT_LINE}{}", kept_json(k));
                 }
             }
             run.outcome.map_err(|e| format!("rank {rank}: {e}"))?;
@@ -138,9 +143,46 @@ fn verify(job: &Job, steps: usize, parent: Parent) -> Result<String, String> {
     } else {
         "each rank keeps its own parent"
     };
+    let sampled = verify_sampling(job)?.map_or(String::new(), |s| format!("; {s}"));
     Ok(format!(
-        "ok: {n} rank(s), {steps} step(s), {links} cross-rank link(s) verified; {shape}"
+        "ok: {n} rank(s), {steps} step(s), {links} cross-rank link(s) verified; {shape}{sampled}"
     ))
+}
+
+/// With `--sample`: every rank kept the same steps. A summary of what was kept and why, or
+/// the first rank that disagrees with rank 0.
+fn verify_sampling(job: &Job) -> Result<Option<String>, String> {
+    let Some(Some(zero)) = job.kept.first() else {
+        return Ok(None);
+    };
+    let kept_by_0: BTreeMap<i64, bool> = zero.iter().map(|(s, r)| (*s, r.is_some())).collect();
+    for (rank, kept) in job.kept.iter().enumerate().skip(1) {
+        let Some(kept) = kept else {
+            return Err(format!("sampling: rank {rank} has no step sampler"));
+        };
+        for (step, why) in kept {
+            if let Some(&theirs) = kept_by_0.get(step)
+                && theirs != why.is_some()
+            {
+                return Err(format!(
+                    "sampling: rank {rank} {} step {step}, rank 0 {} it",
+                    if why.is_some() { "kept" } else { "dropped" },
+                    if theirs { "kept" } else { "dropped" }
+                ));
+            }
+        }
+    }
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for why in zero.iter().filter_map(|(_, r)| r.as_deref()) {
+        *reasons.entry(why).or_default() += 1;
+    }
+    let kept: usize = reasons.values().sum();
+    let why: Vec<String> = reasons.iter().map(|(r, c)| format!("{r} {c}")).collect();
+    Ok(Some(format!(
+        "sampling kept {kept} of {} step(s) on every rank ({})",
+        zero.len(),
+        why.join(", ")
+    )))
 }
 
 /// What one rank can check alone: its spans link to rank 0's step span (and are its

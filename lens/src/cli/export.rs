@@ -50,6 +50,7 @@ impl OtlpChoice {
     }
 
     /// The rank's guard; its provider also hands every span to `local` (the demo's view).
+    /// With `sample`'s rules, what it exports goes through a step sampler (the guard's).
     /// With this rank's `clock` offset from rank 0, its resource names it and the spans
     /// it exports are moved onto rank 0's clock.
     pub(crate) fn guard(
@@ -57,8 +58,12 @@ impl OtlpChoice {
         info: RankInfo,
         local: InMemorySpanExporter,
         clock: Option<ClockOffset>,
+        sample: Option<&lens::sample::SampleRules>,
     ) -> lens::Result<OtlpGuard> {
         let mut b = OtlpBuilder::from_env(info).also_export_to(local);
+        if let Some(rules) = sample {
+            b = b.sample(rules.clone());
+        }
         if let Some(c) = clock {
             b = b.clock_offset(c);
         }

@@ -7,7 +7,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::export::{ExportRecord, OTLP_LINE};
-use super::record::{CLOCK_LINE, Job, SPAN_LINE, SpanRecord, clock_from_json};
+use super::rank::Decided;
+use super::record::{
+    CLOCK_LINE, Job, KEPT_LINE, SPAN_LINE, SpanRecord, clock_from_json, kept_from_json,
+};
 
 /// Kills every child still running when dropped, so that no rank outlives a failed launch.
 struct Children(Vec<Child>);
@@ -111,15 +114,16 @@ pub(crate) fn reason_of(rank: usize, stderr: &str) -> String {
         .to_owned()
 }
 
-/// What a demo rank prints: its spans, its export report, its clock.
+/// What a demo rank prints: its spans, its export report, its clock, its sampler's steps.
 type Printed = (
     Vec<SpanRecord>,
     Option<ExportRecord>,
     Option<lens::ClockOffset>,
+    Option<Vec<Decided>>,
 );
 
 fn read_printed(r: BufReader<Box<dyn Read + Send>>) -> Printed {
-    let (mut spans, mut export, mut clock) = (Vec::new(), None, None);
+    let (mut spans, mut export, mut clock, mut kept) = (Vec::new(), None, None, None);
     for l in r.lines().map_while(Result::ok) {
         if let Some(json) = l.strip_prefix(SPAN_LINE) {
             let json = serde_json::from_str(json).ok();
@@ -130,9 +134,12 @@ fn read_printed(r: BufReader<Box<dyn Read + Send>>) -> Printed {
         } else if let Some(json) = l.strip_prefix(CLOCK_LINE) {
             let json = serde_json::from_str(json).ok();
             clock = json.as_ref().and_then(clock_from_json);
+        } else if let Some(json) = l.strip_prefix(KEPT_LINE) {
+            let json = serde_json::from_str(json).ok();
+            kept = json.as_ref().and_then(kept_from_json);
         }
     }
-    (spans, export, clock)
+    (spans, export, clock, kept)
 }
 
 /// Runs `n` ranks, rank `r` as `command(r)` (which prints its spans as span lines and a
@@ -147,10 +154,11 @@ pub(crate) fn run_ranks(
         .into_iter()
         .enumerate()
     {
-        let (spans, export, clock) = e.out;
+        let (spans, export, clock, kept) = e.out;
         job.ranks.push(spans);
         job.exports.extend(export);
         job.clocks.push(clock);
+        job.kept.push(kept);
         if !e.ok {
             let reason = reason_of(rank, &e.stderr);
             let timeout = reason.contains("timed out");

@@ -5,6 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lens::link::attributes::LINK_SOURCE_RANK;
 use lens::{ClockOffset, arrivals, hang};
+
+use super::rank::Decided;
 use opentelemetry::{Array, Value};
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value as Json, json};
@@ -242,6 +244,28 @@ pub(crate) struct Job {
     /// Each rank's clock against rank 0's, where the ranks measured it (processes); their
     /// spans are already on rank 0's clock.
     pub(crate) clocks: Vec<Option<ClockOffset>>,
+    /// With `--sample`, by rank: the steps its sampler decided, and why each was kept.
+    pub(crate) kept: Vec<Option<Vec<Decided>>>,
+}
+
+/// Prefix of the line a rank process prints with the steps its sampler decided.
+pub(crate) const KEPT_LINE: &str = "lens-kept ";
+
+pub(crate) fn kept_json(kept: &[Decided]) -> Json {
+    Json::Array(kept.iter().map(|(s, r)| json!([s, r])).collect())
+}
+
+#[cfg_attr(not(any(feature = "tcp", feature = "mpi")), allow(dead_code))]
+pub(crate) fn kept_from_json(v: &Json) -> Option<Vec<Decided>> {
+    v.as_array()?
+        .iter()
+        .map(|d| {
+            let pair = d.as_array()?;
+            let step = pair.first()?.as_i64()?;
+            let reason = pair.get(1)?.as_str().map(str::to_owned);
+            Some((step, reason))
+        })
+        .collect()
 }
 
 /// Prefix of the line a rank process prints with its clock offset from rank 0.

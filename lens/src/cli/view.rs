@@ -60,11 +60,36 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
             }
         );
     }
+    // With --sample: why rank 0's sampler kept each step (None: dropped); the steps kept
+    // by a rule come first.
+    let kept: Option<HashMap<i64, Option<&str>>> = job
+        .kept
+        .first()
+        .and_then(Option::as_ref)
+        .map(|k| k.iter().map(|(s, r)| (*s, r.as_deref())).collect());
+    let mut roots = roots;
+    if let Some(k) = &kept {
+        let order = |s: &&SpanRecord| match s.step.and_then(|st| k.get(&st).copied().flatten()) {
+            Some("baseline") => 1,
+            Some("exit" | "undecided") => 2,
+            Some(_) => 0,
+            None => 3,
+        };
+        roots.sort_by_key(|s| (order(s), s.step));
+    }
     for root in roots.iter().take(MAX_STEPS_SHOWN) {
         let (t0, span_us) = (root.start_us, (root.end_us - root.start_us).max(1.0));
+        let mark = match (&kept, root.step) {
+            (Some(k), Some(step)) => match k.get(&step) {
+                Some(Some(why)) => format!("  kept ({why})"),
+                Some(None) => "  dropped".to_owned(),
+                None => "  undecided".to_owned(),
+            },
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "\nstep {}  trace {}  {STEP_SPAN} {}",
+            "\nstep {}  trace {}  {STEP_SPAN} {}{mark}",
             root.step.unwrap_or(-1),
             root.trace_id,
             root.span_id

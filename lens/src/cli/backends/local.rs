@@ -2,21 +2,27 @@
 
 use std::time::Duration;
 
-use super::Injected;
+use super::{Injected, StepDelays, step_delays};
 use lens::testkit::{Cluster, ClusterBuilder, Corruption, Fault, LocalBroadcaster, LocalCluster};
 use lens::{Broadcaster, blocking};
 use opentelemetry::Context;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use lens::sample::StepSampler;
+
 use lens::otlp::OtlpGuard;
-use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator as _, InMemorySpanExporter, RandomIdGenerator, SdkTracerProvider,
+    SimpleSpanProcessor,
+};
 
 use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::{ExportRecord, OtlpChoice};
 use super::super::measure::{BenchRank, Measured, Plan, on_threads};
-use super::super::rank::{STEP_KEY, parent_of, rank_main, slot_for};
+use super::super::rank::{STEP_KEY, decided, parent_of, rank_main, sample_rules, slot_for};
 use super::super::record::{Job, SpanRecord};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -49,6 +55,14 @@ impl Backend for Local {
         }
         let parent = parent_of(args.parent);
         let slot = slot_for(n);
+        let delays: Arc<Vec<StepDelays>> = Arc::new(
+            (0..n)
+                .map(|r| step_delays(&args.inject, n, r))
+                .collect::<Result<_, _>>()?,
+        );
+        let sample = sample_rules(args)?;
+        // Each rank's step sampler, by rank, as its provider is made.
+        let samplers: Arc<Mutex<HashMap<usize, StepSampler>>> = Arc::default();
         // With --otlp each rank's provider also exports; the guards are shut down (flushing
         // their spans) after the run.
         let unbuilt: Arc<Mutex<Vec<ExportRecord>>> = Arc::default();
@@ -56,6 +70,7 @@ impl Backend for Local {
         if let Some(choice) = OtlpChoice::from_args(args)? {
             let job_id = format!("{:032x}", RandomIdGenerator::default().new_trace_id());
             let (failed, open) = (Arc::clone(&unbuilt), Arc::clone(&open));
+            let (samplers, sample) = (Arc::clone(&samplers), sample.clone());
             builder = builder.tracer_provider(move |info, local| {
                 let info = info.clone().with_job_id(job_id.clone());
                 let rank = info.rank;
@@ -64,9 +79,12 @@ impl Backend for Local {
                     offset_ns: 0,
                     error_ns: 0,
                 };
-                match choice.guard(info.clone(), local.clone(), Some(clock)) {
+                match choice.guard(info.clone(), local.clone(), Some(clock), sample.as_ref()) {
                     Ok(g) => {
                         let provider = g.provider().clone();
+                        if let Some(s) = g.sampler() {
+                            lock(&samplers).insert(rank, s.clone());
+                        }
                         lock(&open).push(g);
                         provider
                     }
@@ -79,11 +97,42 @@ impl Backend for Local {
                     }
                 }
             });
+        } else if let Some(rules) = sample.clone() {
+            // No export: the sampler still decides (the view marks its steps); what it
+            // keeps goes nowhere.
+            let samplers = Arc::clone(&samplers);
+            builder = builder.tracer_provider(move |info, local| {
+                let sampler = StepSampler::new(
+                    rules.clone(),
+                    SimpleSpanProcessor::new(InMemorySpanExporter::default()),
+                );
+                lock(&samplers).insert(info.rank, sampler.clone());
+                SdkTracerProvider::builder()
+                    .with_span_processor(lens::hang::OpenSpans)
+                    .with_simple_exporter(local)
+                    .with_span_processor(sampler.processor())
+                    .with_resource(info.resource())
+                    .build()
+            });
         }
+        let in_run = Arc::clone(&samplers);
         let report = builder
             .build()
-            .run_blocking(move |rank| async move {
-                rank_main(&*rank.broadcaster, &rank.tracer, steps, parent, slot).await
+            .run_blocking(move |rank| {
+                let delays = Arc::clone(&delays);
+                let sampler = lock(&in_run).get(&rank.rank).cloned();
+                async move {
+                    let mine = delays.get(rank.rank).cloned().unwrap_or_default();
+                    let b: &dyn Broadcaster = &*rank.broadcaster;
+                    match sampler {
+                        Some(s) => {
+                            // Dropped at the end of the steps: what it holds is kept.
+                            let group = s.group(b);
+                            rank_main(&group, &rank.tracer, steps, parent, slot, &mine).await
+                        }
+                        None => rank_main(b, &rank.tracer, steps, parent, slot, &mine).await,
+                    }
+                }
             })
             .map_err(|e| format!("could not run the ranks: {e}"))?;
         let mut job = Job {
@@ -96,6 +145,10 @@ impl Backend for Local {
                 .map(ExportRecord::finish),
         );
         job.exports.sort_by_key(|e| e.rank);
+        if sample.is_some() {
+            let samplers = lock(&samplers);
+            job.kept = (0..n).map(|r| samplers.get(&r).map(decided)).collect();
+        }
         for r in &report.ranks {
             job.ranks.push(
                 r.spans
@@ -163,5 +216,7 @@ fn inject(builder: ClusterBuilder, spec: &str, n: usize) -> Result<ClusterBuilde
         Injected::Absent(r) => builder.absent(r),
         Injected::Corrupt(r) => builder.fault(r, Fault::Corrupt(Corruption::Truncate)),
         Injected::Delay(r, d) => builder.fault(r, Fault::Delay(d)),
+        // Not a fault of the transport: `rank_main` sleeps in those steps.
+        Injected::DelayAt(..) => builder,
     })
 }

@@ -31,7 +31,7 @@ pub(crate) fn select(arg: BackendArg) -> &'static dyn Backend {
 }
 
 /// A fault `--inject` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Injected {
     /// The rank never takes part in a step.
     Absent(usize),
@@ -39,18 +39,24 @@ pub(crate) enum Injected {
     Corrupt(usize),
     /// The rank comes this late to every step's broadcast.
     Delay(usize, Duration),
+    /// The rank sleeps this long inside the listed steps only (0-based).
+    DelayAt(usize, Duration, Vec<usize>),
 }
 
 impl Injected {
     /// The rank the fault is for (a process of a multi-process job picks its own).
     #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
-    pub(crate) fn rank(self) -> usize {
-        match self {
-            Injected::Absent(r) | Injected::Corrupt(r) | Injected::Delay(r, _) => r,
+    pub(crate) fn rank(&self) -> usize {
+        match *self {
+            Injected::Absent(r)
+            | Injected::Corrupt(r)
+            | Injected::Delay(r, _)
+            | Injected::DelayAt(r, _, _) => r,
         }
     }
 
-    /// `absent:R`, `corrupt:R` or `delay:R:MS`, for a job of `n` ranks.
+    /// `absent:R`, `corrupt:R`, `delay:R:MS` or `delay:R:MS@S1,S2,...`, for a job of `n`
+    /// ranks.
     pub(crate) fn parse(spec: &str, n: usize) -> Result<Injected, String> {
         let parts: Vec<&str> = spec.split(':').collect();
         let rank = |s: &str| -> Result<usize, String> {
@@ -63,13 +69,29 @@ impl Injected {
             ["absent", r] => Ok(Injected::Absent(rank(r)?)),
             ["corrupt", r] => Ok(Injected::Corrupt(rank(r)?)),
             ["delay", r, ms] => {
+                let (ms, at) = match ms.split_once('@') {
+                    Some((ms, at)) => (ms, Some(at)),
+                    None => (*ms, None),
+                };
                 let ms: u64 = ms
                     .parse()
                     .map_err(|_| format!("--inject {spec:?}: {ms:?} is not milliseconds"))?;
-                Ok(Injected::Delay(rank(r)?, Duration::from_millis(ms)))
+                let d = Duration::from_millis(ms);
+                let Some(at) = at else {
+                    return Ok(Injected::Delay(rank(r)?, d));
+                };
+                let steps = at
+                    .split(',')
+                    .map(|s| {
+                        s.trim()
+                            .parse::<usize>()
+                            .map_err(|_| format!("--inject {spec:?}: {s:?} is not a step number"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Injected::DelayAt(rank(r)?, d, steps))
             }
             _ => Err(format!(
-                "--inject {spec:?}: expected absent:R, corrupt:R or delay:R:MS"
+                "--inject {spec:?}: expected absent:R, corrupt:R, delay:R:MS or delay:R:MS@S1,S2"
             )),
         }
     }
@@ -97,6 +119,8 @@ pub(crate) fn collective_faults(
             }
             Injected::Absent(r) if Some(r) == me => absent = true,
             Injected::Delay(r, d) if Some(r) == me => faults.push(Fault::Delay(d)),
+            // Not a fault of the transport: `rank_main` sleeps in those steps.
+            Injected::DelayAt(..) => {}
             Injected::Corrupt(r) if Some(r) == me => {
                 faults.push(Fault::Corrupt(Corruption::Truncate));
             }
@@ -104,6 +128,34 @@ pub(crate) fn collective_faults(
         }
     }
     Ok((faults, absent))
+}
+
+/// What `--inject delay:R:MS@S1,S2` asks of rank `me`: sleeps inside those steps.
+pub(crate) fn step_delays(specs: &[String], n: usize, me: usize) -> Result<StepDelays, String> {
+    let mut delays = Vec::new();
+    for spec in specs {
+        if let Injected::DelayAt(r, d, steps) = Injected::parse(spec, n)?
+            && r == me
+        {
+            delays.push((d, steps));
+        }
+    }
+    Ok(StepDelays(delays))
+}
+
+/// A rank's sleeps inside given steps (`--inject delay:R:MS@S1,S2`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepDelays(Vec<(Duration, Vec<usize>)>);
+
+impl StepDelays {
+    /// How long the rank sleeps inside `step`.
+    pub(crate) fn in_step(&self, step: usize) -> Duration {
+        self.0
+            .iter()
+            .filter(|(_, steps)| steps.contains(&step))
+            .map(|(d, _)| *d)
+            .sum()
+    }
 }
 
 /// Clock exchanges per rank when a demo rank measures its offset from rank 0.

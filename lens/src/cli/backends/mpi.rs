@@ -17,8 +17,10 @@ use super::super::args::{BenchArgs, DemoArgs};
 use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::{ExportRecord, OtlpChoice};
 use super::super::measure::{BenchRank, Measured, Plan, Timed, run_rank};
-use super::super::rank::run_one_rank;
-use super::super::record::{Job, SpanRecord, clock_from_json, clock_json};
+use super::super::rank::{RankJob, run_one_rank};
+use super::super::record::{
+    Job, SpanRecord, clock_from_json, clock_json, kept_from_json, kept_json,
+};
 
 pub(crate) struct Mpi;
 
@@ -68,14 +70,8 @@ impl Backend for Mpi {
         }
         let group = Faulty::new(group, faults);
         let otlp = OtlpChoice::from_args(args)?;
-        let run = run_one_rank(
-            &group,
-            args.steps as usize,
-            args.parent,
-            otlp.as_ref(),
-            clock,
-            absent,
-        )?;
+        let job = RankJob::of(args, me, n, otlp.as_ref(), clock, absent)?;
+        let run = run_one_rank(&group, &job)?;
         if let Err(e) = run.outcome {
             if absent {
                 // Away until the others have failed and the launcher stops the job.
@@ -89,6 +85,7 @@ impl Backend for Mpi {
             "spans": mine.iter().map(SpanRecord::to_json).collect::<Vec<_>>(),
             "clock": run.clock.as_ref().map(clock_json),
             "otlp": run.export.as_ref().map(ExportRecord::to_json),
+            "kept": run.kept.as_ref().map(|k| kept_json(k)),
         }))
         .map_err(|e| e.to_string())?;
         if rank != 0 {
@@ -99,6 +96,7 @@ impl Backend for Mpi {
         job.ranks.push(mine);
         job.clocks.push(run.clock);
         job.exports.extend(run.export);
+        job.kept.push(run.kept);
         for r in 1..size {
             let (theirs, _) = world.process_at_rank(r).receive_vec::<u8>();
             let report: serde_json::Value =
@@ -114,6 +112,7 @@ impl Backend for Mpi {
                 .push(report.get("clock").and_then(clock_from_json));
             job.exports
                 .extend(report.get("otlp").and_then(ExportRecord::from_json));
+            job.kept.push(report.get("kept").and_then(kept_from_json));
         }
         Ok(DemoRun::Job(job))
     }

@@ -21,7 +21,7 @@ impl Backend for Nccl {
 
     #[cfg(feature = "tcp")]
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
-        use super::super::rank::run_one_rank;
+        use super::super::rank::{RankJob, run_one_rank};
         use super::{demo_clock, tcp};
         use lens::testkit::Faulty;
 
@@ -65,14 +65,9 @@ impl Backend for Nccl {
         }
         let gpu = Faulty::new(gpu, faults);
         let otlp = super::super::export::OtlpChoice::from_args(args)?;
-        let run = run_one_rank(
-            &gpu,
-            args.steps as usize,
-            args.parent,
-            otlp.as_ref(),
-            clock,
-            false,
-        )?;
+        let n = args.world.map_or(args.ranks as usize, |w| w as usize);
+        let job = RankJob::of(args, rank, n, otlp.as_ref(), clock, false)?;
+        let run = run_one_rank(&gpu, &job)?;
         Ok(DemoRun::Rank { rank, run })
     }
 

@@ -13,7 +13,7 @@ use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::OtlpChoice;
 use super::super::launcher;
 use super::super::measure::{Measured, Plan, on_threads};
-use super::super::rank::run_one_rank;
+use super::super::rank::{RankJob, run_one_rank};
 use super::super::record::Job;
 use super::tcp_raw::{self, TcpRank};
 use super::{Injected, demo_clock};
@@ -52,19 +52,14 @@ impl Backend for Tcp {
                     .filter_map(|f| match *f {
                         Injected::Delay(_, d) => Some(Fault::Delay(d)),
                         Injected::Corrupt(_) => Some(Fault::Corrupt(Corruption::Truncate)),
-                        Injected::Absent(_) => None,
+                        // `rank_main` sleeps in those steps.
+                        Injected::Absent(_) | Injected::DelayAt(..) => None,
                     })
                     .collect();
                 let group = Faulty::new(group, faults);
                 let otlp = OtlpChoice::from_args(args)?;
-                let run = run_one_rank(
-                    &group,
-                    args.steps as usize,
-                    args.parent,
-                    otlp.as_ref(),
-                    clock,
-                    absent,
-                )?;
+                let job = RankJob::of(args, rank, n, otlp.as_ref(), clock, absent)?;
+                let run = run_one_rank(&group, &job)?;
                 Ok(DemoRun::Rank { rank, run })
             }
             None => spawn_job(self.name(), args, timeout).map(DemoRun::Job),
@@ -180,8 +175,13 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
         if let Some(o) = &otlp {
             o.forward(&mut c);
         }
+        if let Some(rules) = &args.sample {
+            c.args(["--sample", rules]);
+        }
         c
     };
+    // A bad --sample is refused here, not by every rank.
+    super::super::rank::sample_rules(args)?;
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);
     launcher::run_ranks(n, command, deadline)
 }

@@ -1,0 +1,190 @@
+//! `lens demo --sample`: through a real OTLP receiver, the steps the sampler keeps arrive
+//! whole from every rank, each span with `ot=th:` in its tracestate, and most steps do not
+//! arrive at all; on the in-process backend and on TCP processes.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::lens_with_env as lens;
+use lens::testkit::otlp::{ReceivedSpan, Receiver};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+/// The spans the receiver got, by step, with the ranks each came from; every one carries
+/// an `ot=th:` threshold.
+fn by_step(spans: &[ReceivedSpan]) -> BTreeMap<i64, BTreeSet<usize>> {
+    let mut m: BTreeMap<i64, BTreeSet<usize>> = BTreeMap::new();
+    for s in spans {
+        assert!(
+            s.trace_state.contains("ot=th:"),
+            "a kept span without its threshold: {s:?}"
+        );
+        m.entry(s.int("nv.dl.step").expect("step"))
+            .or_default()
+            .insert(s.rank().expect("rank"));
+    }
+    m
+}
+
+/// What the receiver has once `sent` spans came (the demo's own count), and no more come.
+fn received(receiver: &Receiver, sent: usize) -> Vec<ReceivedSpan> {
+    let spans = receiver.wait_for(sent, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let again = receiver.wait_for(spans.len() + 1, Duration::from_millis(10));
+    assert_eq!(
+        again.len(),
+        spans.len(),
+        "no span came after the demo's count"
+    );
+    spans
+}
+
+/// The count in the demo's line "otlp: sent N span(s) from ...".
+fn sent_count(stdout: &str) -> usize {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("otlp: sent "))
+        .unwrap_or_else(|| panic!("no otlp line in\n{stdout}"));
+    line["otlp: sent ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn local_demo_keeps_the_slow_steps_whole_and_drops_most() {
+    const RANKS: usize = 16;
+    const STEPS: usize = 400;
+    let slow: [i64; 4] = [50, 150, 250, 350];
+    let receiver = Receiver::start().expect("receiver");
+    let inject = format!(
+        "delay:3:40@{}",
+        slow.iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    // A step takes about 40 ms here (16 stages of 2.5 ms); rank 3's 40 ms make one last
+    // at least 50.
+    let run = lens(
+        &[
+            "demo",
+            "--ranks",
+            &RANKS.to_string(),
+            "--steps",
+            &STEPS.to_string(),
+            "--quiet",
+            "--sample",
+            "slower-than=46ms,baseline=100",
+            "--inject",
+            &inject,
+            "--otlp",
+            &receiver.http_endpoint(),
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("on every rank") && run.stdout.contains("slow"),
+        "{}",
+        run.stdout
+    );
+    let spans = received(&receiver, sent_count(&run.stdout));
+    let steps = by_step(&spans);
+    for s in slow {
+        assert_eq!(
+            steps.get(&s).map(BTreeSet::len),
+            Some(RANKS),
+            "step {s} arrived whole: {:?}",
+            steps.get(&s)
+        );
+    }
+    for (s, ranks) in &steps {
+        assert_eq!(ranks.len(), RANKS, "step {s} is whole or absent: {ranks:?}");
+    }
+    // All would be 6,400 spans; the baseline keeps about 4 steps, the end 2, the slow 4,
+    // and a loaded machine a few more.
+    assert!(
+        spans.len() < STEPS * RANKS / 10,
+        "{} spans of {}: most steps were dropped",
+        spans.len(),
+        STEPS * RANKS
+    );
+}
+
+#[cfg(feature = "tcp")]
+#[test]
+fn tcp_demo_keeps_the_slow_steps_whole_on_every_rank_process() {
+    const RANKS: usize = 4;
+    let receiver = Receiver::start().expect("receiver");
+    // A step takes about 16 ms (4 stages of 4 ms); rank 2's 60 ms make one last over 70.
+    let run = lens(
+        &[
+            "demo",
+            "--backend",
+            "tcp",
+            "--ranks",
+            &RANKS.to_string(),
+            "--steps",
+            "30",
+            "--quiet",
+            "--sample",
+            "slower-than=45ms",
+            "--inject",
+            "delay:2:60@7,19",
+            "--otlp",
+            &receiver.http_endpoint(),
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("on every rank"), "{}", run.stdout);
+    let spans = received(&receiver, sent_count(&run.stdout));
+    let steps = by_step(&spans);
+    for s in [7, 19] {
+        assert_eq!(
+            steps.get(&s).map(BTreeSet::len),
+            Some(RANKS),
+            "step {s} arrived whole: {steps:?}"
+        );
+    }
+    for (s, ranks) in &steps {
+        assert_eq!(ranks.len(), RANKS, "step {s} is whole or absent: {ranks:?}");
+    }
+    assert!(steps.len() < 15, "most steps were dropped: {steps:?}");
+}
+
+#[test]
+fn bad_sampling_rules_and_step_delays_are_refused_saying_why() {
+    // (why, arguments, what the error says)
+    let rows: &[(&str, &[&str], &str)] = &[
+        (
+            "an unknown rule",
+            &["--sample", "faster-than=1ms"],
+            "is not a sampling rule",
+        ),
+        ("no rule", &["--sample", ""], "no rule keeps any step"),
+        (
+            "a bad baseline",
+            &["--sample", "baseline=0"],
+            "outside 1 to 2^56",
+        ),
+        (
+            "a step that is no number",
+            &["--inject", "delay:1:5@x"],
+            "is not a step number",
+        ),
+    ];
+    for (why, extra, words) in rows {
+        let mut args = vec!["demo", "--ranks", "2", "--steps", "2", "--quiet"];
+        args.extend_from_slice(extra);
+        let run = lens(&args, &[], DEADLINE);
+        assert!(!run.ok, "{why}: {}", run.stdout);
+        assert!(run.stderr.contains(words), "{why}: {}", run.stderr);
+    }
+}
