@@ -269,8 +269,11 @@ pub(crate) fn received_whole(
     bytes: Vec<u8>,
     src_rank: usize,
 ) -> Result<Carrier> {
-    let carrier = checked(bytes, src_rank);
-    let mut carrier = match carrier {
+    let mut bytes = bytes;
+    // The word, where the source put it (last): cut off the bytes, so that the carrier
+    // decodes as it was sent, without a copy.
+    let cut = crate::sample::cut_word(&mut bytes);
+    let mut carrier = match checked(bytes, src_rank) {
         Ok(c) => c,
         Err(e) => {
             if let Some(s) = b.step_sampler() {
@@ -279,11 +282,10 @@ pub(crate) fn received_whole(
             return Err(e);
         }
     };
-    match b.step_sampler() {
-        Some(s) => s.after_member_round(&mut carrier),
-        None => {
-            carrier.remove(crate::sample::CARRIER_KEY);
-        }
+    // Anywhere else (a carrier another program wrote), taken out of the carrier.
+    let word = cut.or_else(|| crate::sample::take_word(&mut carrier));
+    if let Some(s) = b.step_sampler() {
+        s.after_member_round(word);
     }
     Ok(carrier)
 }

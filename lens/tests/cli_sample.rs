@@ -188,3 +188,57 @@ fn bad_sampling_rules_and_step_delays_are_refused_saying_why() {
         assert!(run.stderr.contains(words), "{why}: {}", run.stderr);
     }
 }
+
+/// `lens sample-bench` runs the same job twice and reports what the sampler kept: every
+/// slow step whole, the same steps on every rank (in process here; its figures at scale
+/// are in the README).
+#[test]
+fn the_sample_bench_keeps_every_slow_step_whole() {
+    let mut backends = vec!["local"];
+    if cfg!(feature = "tcp") {
+        backends.push("tcp");
+    }
+    for backend in backends {
+        let run = lens(
+            &[
+                "sample-bench",
+                "--backend",
+                backend,
+                "--ranks",
+                "4",
+                "--steps",
+                "300",
+                "--slow-every",
+                "30",
+                "--slow-ms",
+                "40",
+                "--sample",
+                "slower-than=25ms,baseline=100",
+            ],
+            &[],
+            DEADLINE,
+        );
+        assert!(run.ok, "{backend}: {}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stdout.contains("steps kept on every rank alike: yes"),
+            "{backend}: {}",
+            run.stdout
+        );
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("slow steps kept whole"))
+            .unwrap_or_else(|| panic!("{backend}: {}", run.stdout));
+        let counts: Vec<usize> = line
+            .rsplit(": ")
+            .next()
+            .unwrap_or_default()
+            .split(" of ")
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+        assert!(
+            counts.len() == 2 && counts[0] == counts[1] && counts[1] > 0,
+            "{backend}: {line}"
+        );
+    }
+}

@@ -238,18 +238,27 @@ impl StepSampler {
             .with(|s, out| s.after_source_round(arrivals, randomness, now, out));
     }
 
-    /// Another rank's round came in: the word is taken out of the carrier and applied.
-    pub(crate) fn after_member_round(&self, carrier: &mut Carrier) {
-        let word = Word::take(carrier);
-        let randomness = step_randomness(carrier);
+    /// Another rank's round came in: the word, already taken out of the carrier, is
+    /// applied. (Only the source decides, so the step's randomness is not needed here.)
+    pub(crate) fn after_member_round(&self, word: Option<Option<Word>>) {
         let now = Instant::now();
         self.inner
-            .with(|s, out| s.after_member_round(word, randomness, now, out));
+            .with(|s, out| s.after_member_round(word, None, now, out));
     }
 
     pub(crate) fn on_round_error(&self) {
         self.inner.with(State::on_error);
     }
+}
+
+/// The word cut off the end of a round's bytes ([`Word::cut`]).
+pub(crate) fn cut_word(bytes: &mut Vec<u8>) -> Option<Option<Word>> {
+    Word::cut(bytes)
+}
+
+/// The word taken out of a carrier, wherever it is in it.
+pub(crate) fn take_word(carrier: &mut Carrier) -> Option<Option<Word>> {
+    Word::take(carrier)
 }
 
 /// The 56 random bits of the step's trace id, where the carrier has one.

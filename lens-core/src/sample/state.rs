@@ -117,8 +117,10 @@ impl State {
     }
 
     fn note(&mut self, step: u64, keep: Option<Reason>) {
-        if self.decisions.iter().any(|&(s, _)| s == step) {
-            return; // the first word on a step stands (kept early, then decided)
+        // The first word on a step stands (kept early, then decided). Steps are noted in
+        // order, but for a few at the end of a failure: the last few entries suffice.
+        if self.decisions.iter().rev().take(4).any(|&(s, _)| s == step) {
+            return;
         }
         if self.decisions.len() == DECISIONS_KEPT {
             self.decisions.pop_front();

@@ -151,12 +151,97 @@ impl Word {
     pub(crate) fn take(carrier: &mut Carrier) -> Option<Option<Word>> {
         carrier.remove(CARRIER_KEY).map(|v| Word::decode(&v))
     }
+
+    /// Cuts the word off the end of a carrier's JSON bytes, where the source writes it
+    /// (`, "lens-sample": "..."}`, or `{"lens-sample": "..."}` alone), so that the rest
+    /// decodes as the carrier it was, with no copy; `None` when the bytes do not end so.
+    pub(crate) fn cut(bytes: &mut Vec<u8>) -> Option<Option<Word>> {
+        const KEY: &[u8] = b"\"lens-sample\": \"";
+        let end = bytes.len().checked_sub(2)?;
+        if bytes.get(end..)? != b"\"}" {
+            return None;
+        }
+        let at = memchr::memmem::rfind(bytes, KEY)?;
+        let value = bytes.get(at + KEY.len()..end)?;
+        // A word is plain ASCII: no quote, no escape; anything else is not lens's.
+        if value
+            .iter()
+            .any(|&b| b == b'"' || b == b'\\' || !b.is_ascii_graphic())
+        {
+            return None;
+        }
+        let word = std::str::from_utf8(value).ok().map(Word::decode)?;
+        let before = bytes.get(..at)?;
+        let cut = if before.ends_with(b", ") {
+            at - 2
+        } else if before == b"{" {
+            at
+        } else {
+            return None;
+        };
+        bytes.truncate(cut);
+        bytes.push(b'}');
+        Some(word)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::Threshold;
     use super::*;
+
+    #[test]
+    fn a_word_is_cut_off_the_bytes_it_ends() {
+        let word = Word {
+            step: 4,
+            decision: None,
+        };
+        // (why, carrier bytes, what is left, the word)
+        let rows: &[(&str, &str, &str, Option<Option<Word>>)] = &[
+            (
+                "after a traceparent",
+                r#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "lens-sample": "step=4"}"#,
+                r#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+                Some(Some(word)),
+            ),
+            (
+                "alone",
+                r#"{"lens-sample": "step=4"}"#,
+                "{}",
+                Some(Some(word)),
+            ),
+            (
+                "a word that does not read",
+                r#"{"a": "b", "lens-sample": "step=x"}"#,
+                r#"{"a": "b"}"#,
+                Some(None),
+            ),
+            ("no word", r#"{"a": "b"}"#, r#"{"a": "b"}"#, None),
+            (
+                "not at the end",
+                r#"{"lens-sample": "step=4", "a": "b"}"#,
+                r#"{"lens-sample": "step=4", "a": "b"}"#,
+                None,
+            ),
+            (
+                "an escape in it",
+                r#"{"a": "b", "lens-sample": "step=4\u0041"}"#,
+                r#"{"a": "b", "lens-sample": "step=4\u0041"}"#,
+                None,
+            ),
+            (
+                "the key inside another value",
+                r#"{"a": "x\"lens-sample\": \"step=4"}"#,
+                r#"{"a": "x\"lens-sample\": \"step=4"}"#,
+                None,
+            ),
+        ];
+        for &(why, bytes, left, want) in rows {
+            let mut b = bytes.as_bytes().to_vec();
+            assert_eq!(Word::cut(&mut b), want, "{why}");
+            assert_eq!(std::str::from_utf8(&b).expect("utf-8"), left, "{why}");
+        }
+    }
 
     #[test]
     fn words_table() {

@@ -33,6 +33,15 @@ pub(crate) enum Command {
     /// on the lens lines.
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Measure the step sampler on a job of many ranks: the same steps twice on one group,
+    /// every span exported, then through the sampler.
+    ///
+    /// Each step a span per rank; one step in --slow-every is slow on one rank chosen at
+    /// random (it sleeps --slow-ms inside the step). Printed: the spans exported as a
+    /// fraction of exporting everything, the slow steps kept whole on every rank, the most a
+    /// rank held, and rank 0's median ordinary step in each run with their ratio.
+    #[command(verbatim_doc_comment)]
+    SampleBench(SampleBenchArgs),
 }
 
 /// Which span the later stages' spans are children of.
@@ -158,6 +167,40 @@ pub(crate) struct BenchArgs {
     #[arg(long, hide = true)]
     pub(crate) world: Option<usize>,
     /// Set by `--processes` on the ranks it starts: rank 0's address.
+    #[arg(long, hide = true)]
+    pub(crate) addr: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct SampleBenchArgs {
+    /// Backend: local (threads) or tcp (processes on 127.0.0.1).
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    pub(crate) backend: BackendArg,
+    /// Ranks.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) ranks: usize,
+    /// Steps of each run.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) steps: usize,
+    /// One step in this many is slow, on one rank.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) slow_every: u64,
+    /// How long the slow rank sleeps inside a slow step, in ms.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) slow_ms: u64,
+    /// The sampler's rules (as `LENS_SAMPLE` and `lens demo --sample` take them).
+    #[arg(long, default_value = "slower-than=15ms,baseline=100")]
+    pub(crate) sample: String,
+    /// Deadline of each collective, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub(crate) timeout: f64,
+    /// Set on the TCP ranks it starts: this process's rank.
+    #[arg(long, hide = true)]
+    pub(crate) rank: Option<usize>,
+    /// Set on the TCP ranks it starts: the group's size.
+    #[arg(long, hide = true)]
+    pub(crate) world: Option<usize>,
+    /// Set on the TCP ranks it starts: rank 0's address.
     #[arg(long, hide = true)]
     pub(crate) addr: Option<String>,
 }

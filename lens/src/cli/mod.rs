@@ -2,6 +2,7 @@
 //!
 //! - `mod.rs`: parses, picks the backend, runs the command;
 //! - `demo.rs`, `bench.rs`: run, check and print, through the [`backend::Backend`] trait;
+//!   `sample_bench.rs`: the step sampler's bench, in-process or TCP processes;
 //! - `backends/`: one file per backend, forming its groups and its raw baselines;
 //! - `launcher.rs`, `rank.rs`, `measure.rs`: what backends share (starting rank processes,
 //!   one rank's demo work, the bench method);
@@ -18,6 +19,7 @@ mod launcher;
 mod measure;
 mod rank;
 mod record;
+mod sample_bench;
 mod view;
 
 pub(crate) use args::Cli;
@@ -28,5 +30,6 @@ pub(crate) fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Demo(args) => demo::run(backends::select(args.backend), &args),
         Command::Bench(args) => bench::run(backends::select(args.backend), &args),
+        Command::SampleBench(args) => sample_bench::run(&args),
     }
 }

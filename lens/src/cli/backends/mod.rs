@@ -17,6 +17,13 @@ mod tcp_procs;
 #[cfg(feature = "tcp")]
 mod tcp_raw;
 
+/// A fresh job key for TCP rank processes, in a file only this user can read (removed when
+/// dropped).
+#[cfg(feature = "tcp")]
+pub(crate) fn tcp_key() -> Result<tcp::KeyFile, String> {
+    tcp::KeyFile::new(&tcp::random_hex(32)?)
+}
+
 /// The backend the command line names.
 pub(crate) fn select(arg: BackendArg) -> &'static dyn Backend {
     match arg {
