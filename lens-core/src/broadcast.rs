@@ -170,6 +170,9 @@ pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context, carrier: &Carri
     }
     if let Some(s) = sampler {
         s.after_source_round(arrivals.as_ref(), carrier);
+        if !span.is_recording() {
+            s.stash_arrivals(arrivals);
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use lens_core::backend::slab::{SlabBroadcaster, SlabOptions};
+use lens_core::sample::{SampleRules, StepSampler};
 use lens_core::{Broadcaster, Error, blocking};
 use lens_local::LocalCluster;
 use lens_tcp::{SourceReturns, TcpBroadcaster, TcpConfigBuilder};
@@ -28,6 +29,8 @@ pub(crate) struct Group {
     world_size: usize,
     backend: &'static str,
     timeout: Option<Duration>,
+    /// The step sampler that decides this rank's steps (`sample`), once asked for.
+    sampler: RwLock<Option<StepSampler>>,
 }
 
 impl Group {
@@ -39,7 +42,15 @@ impl Group {
             tcp: RwLock::new(None),
             backend,
             timeout,
+            sampler: RwLock::new(None),
         }
+    }
+
+    fn sampler(&self) -> Option<StepSampler> {
+        self.sampler
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn live(&self) -> lens_core::Result<Arc<dyn Broadcaster>> {
@@ -198,6 +209,65 @@ impl Group {
         // A TCP group's sockets close as it drops; let that happen without the GIL.
         py.detach(move || drop((taken, tcp)));
         flushed.py(py)
+    }
+
+    /// Decides this rank's steps with lens's step sampler, by `rules` (the text of
+    /// `LENS_SAMPLE`; `None`: the variables'): from now on each trace-context broadcast of
+    /// the group ends a step, and the source's decisions travel in the carriers. The spans
+    /// are held by `lens_trace.StepSampler`, which follows `sample_decisions`. Every rank
+    /// calls it, before the steps it samples. Raises `ConfigError` for bad rules.
+    #[pyo3(signature = (rules=None))]
+    fn sample(&self, py: Python<'_>, rules: Option<&str>) -> PyResult<()> {
+        let rules = match rules {
+            Some(text) => SampleRules::parse(text)
+                .map_err(|e| Error::config_of(lens_core::sample::LENS_SAMPLE, e)),
+            None => SampleRules::from_env(),
+        }
+        .py(py)?;
+        let mut sampler = self.sampler.write().unwrap_or_else(|p| p.into_inner());
+        if sampler.is_some() {
+            return Err(PyValueError::new_err("this group samples already"));
+        }
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = inner.take() else {
+            return Err(Error::Closed {
+                backend: self.backend,
+                reason: "close() was called on this rank".into(),
+            })
+            .py(py);
+        };
+        let s = StepSampler::deciding_only(rules);
+        *inner = Some(Arc::new(s.group(b)));
+        *sampler = Some(s);
+        Ok(())
+    }
+
+    /// The current step in the source's count (0 before the first broadcast), or `None`
+    /// where the group does not sample.
+    fn sample_step(&self) -> Option<u64> {
+        self.sampler().map(|s| s.current_step())
+    }
+
+    /// The steps decided after step `since` (of the last 4,096 decided), oldest first:
+    /// `(step, reason or None when dropped, th)`, th the tracestate threshold its kept
+    /// spans carry.
+    #[pyo3(signature = (since=0))]
+    fn sample_decisions(&self, since: u64) -> Vec<(u64, Option<&'static str>, String)> {
+        self.sampler().map_or_else(Vec::new, |s| {
+            s.decision_log()
+                .into_iter()
+                .filter(|&(step, _, _)| step > since)
+                .map(|(step, r, t)| (step, r.map(|r| r.as_str()), t.th()))
+                .collect()
+        })
+    }
+
+    /// Votes to keep this rank's current step on every rank (where the transport carries
+    /// votes: `local_cluster`, `tcp_group`).
+    fn sample_vote(&self) {
+        if let Some(s) = self.sampler() {
+            s.keep_this_step();
+        }
     }
 
     /// Whether `close()` was called.

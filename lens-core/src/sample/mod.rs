@@ -156,6 +156,13 @@ impl StepSampler {
         }
     }
 
+    /// A sampler that only decides: no span passes through it. For a rank whose spans are
+    /// held elsewhere (another language's SDK: the Python package's processor) and follow
+    /// its [`StepSampler::decision_log`]; its group and votes work as any sampler's.
+    pub fn deciding_only(rules: SampleRules) -> Self {
+        Self::new(rules, Discard)
+    }
+
     /// A sampler with the rules of the environment ([`SampleRules::from_env`]).
     ///
     /// # Errors
@@ -195,7 +202,21 @@ impl StepSampler {
     /// (`None`: dropped): the decisions the source sent, and the steps this rank kept
     /// without one (a cap, an error, the end). At most the last 4,096.
     pub fn decisions(&self) -> Vec<(u64, Option<Reason>)> {
+        let log = self.inner.state().decisions();
+        log.into_iter().map(|(s, r, _)| (s, r)).collect()
+    }
+
+    /// [`StepSampler::decisions`] with the threshold each kept step's spans carry: for a
+    /// sampler that holds spans of its own (another language's SDK, as the Python package
+    /// does) and applies what this one decided.
+    pub fn decision_log(&self) -> Vec<(u64, Option<Reason>, Threshold)> {
         self.inner.state().decisions()
+    }
+
+    /// The current step, in the source's count: 0 before the group's first trace-context
+    /// broadcast, then the step that broadcast began.
+    pub fn current_step(&self) -> u64 {
+        self.inner.state().step()
     }
 
     /// The rules.
@@ -231,6 +252,12 @@ impl StepSampler {
         Some(c)
     }
 
+    /// Arrivals the source's round took for the sampler that no span recorded: given back
+    /// by the group's `take_arrivals`, for a caller that records them on a span of its own.
+    pub(crate) fn stash_arrivals(&self, a: Option<Arrivals>) {
+        self.inner.state().stash(a);
+    }
+
     pub(crate) fn after_source_round(&self, arrivals: Option<&Arrivals>, carrier: &Carrier) {
         let randomness = step_randomness(carrier);
         let now = Instant::now();
@@ -259,6 +286,24 @@ pub(crate) fn cut_word(bytes: &mut Vec<u8>) -> Option<Option<Word>> {
 /// The word taken out of a carrier, wherever it is in it.
 pub(crate) fn take_word(carrier: &mut Carrier) -> Option<Option<Word>> {
     Word::take(carrier)
+}
+
+/// The processor behind a sampler that only decides.
+#[derive(Debug)]
+struct Discard;
+
+impl SpanProcessor for Discard {
+    fn on_start(&self, _: &mut Span, _: &Context) {}
+
+    fn on_end(&self, _: SpanData) {}
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+        Ok(())
+    }
 }
 
 /// The 56 random bits of the step's trace id, where the carrier has one.
@@ -383,8 +428,11 @@ impl<B: Broadcaster> Broadcaster for Sampled<B> {
         self.group.broadcast_sync(root, payload)
     }
 
+    /// Those the sampler took for a round whose span did not record them (a caller in
+    /// another language), else the group's.
     fn take_arrivals(&self) -> Option<Arrivals> {
-        self.group.take_arrivals()
+        let stashed = self.sampler.inner.state().take_stashed();
+        stashed.or_else(|| self.group.take_arrivals())
     }
 
     fn rounds_started(&self) -> Option<u64> {

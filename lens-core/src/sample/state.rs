@@ -72,7 +72,9 @@ pub(crate) struct State {
     window: VecDeque<u64>,
     rng: u64,
     /// The latest decisions, oldest first (at most [`DECISIONS_KEPT`]).
-    decisions: VecDeque<(u64, Option<Reason>)>,
+    decisions: VecDeque<(u64, Option<Reason>, Threshold)>,
+    /// Arrivals the source's sampler took that no span recorded, for the caller to take.
+    stashed: Option<Arrivals>,
 }
 
 /// Decisions a sampler remembers for [`super::StepSampler::decisions`].
@@ -101,6 +103,7 @@ impl State {
             window: VecDeque::new(),
             rng: seed | 1,
             decisions: VecDeque::new(),
+            stashed: None,
         }
     }
 
@@ -112,20 +115,38 @@ impl State {
         self.stats
     }
 
-    pub(crate) fn decisions(&self) -> Vec<(u64, Option<Reason>)> {
+    pub(crate) fn decisions(&self) -> Vec<(u64, Option<Reason>, Threshold)> {
         self.decisions.iter().copied().collect()
     }
 
-    fn note(&mut self, step: u64, keep: Option<Reason>) {
+    pub(crate) fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub(crate) fn stash(&mut self, a: Option<Arrivals>) {
+        self.stashed = a;
+    }
+
+    pub(crate) fn take_stashed(&mut self) -> Option<Arrivals> {
+        self.stashed.take()
+    }
+
+    fn note(&mut self, step: u64, keep: Option<Reason>, t: Threshold) {
         // The first word on a step stands (kept early, then decided). Steps are noted in
         // order, but for a few at the end of a failure: the last few entries suffice.
-        if self.decisions.iter().rev().take(4).any(|&(s, _)| s == step) {
+        if self
+            .decisions
+            .iter()
+            .rev()
+            .take(4)
+            .any(|&(s, _, _)| s == step)
+        {
             return;
         }
         if self.decisions.len() == DECISIONS_KEPT {
             self.decisions.pop_front();
         }
-        self.decisions.push_back((step, keep));
+        self.decisions.push_back((step, keep, t));
     }
 
     pub(crate) fn vote(&mut self) {
@@ -172,7 +193,7 @@ impl State {
             self.vote = true;
             self.passing = Some(Reason::Cap);
             self.release(step, Some(Reason::Cap), Threshold::ALWAYS, out);
-            self.note(step, Some(Reason::Cap));
+            self.note(step, Some(Reason::Cap), Threshold::ALWAYS);
         }
     }
 
@@ -363,7 +384,7 @@ impl State {
             None => None,
         };
         if let Some(d) = word.and_then(|w| w.decision) {
-            self.note(d.step, d.keep);
+            self.note(d.step, d.keep, d.threshold);
             if self.held.iter().any(|h| h.step == d.step) {
                 self.release(d.step, d.keep, d.threshold, out);
             }
@@ -391,7 +412,7 @@ impl State {
         let Some(h) = self.held.remove(at) else {
             return;
         };
-        self.note(step, keep);
+        self.note(step, keep, t);
         self.stats.held_spans -= h.spans.len();
         self.stats.held_bytes -= h.bytes;
         match keep {

@@ -40,6 +40,7 @@ from .errors import (
 from .local import run_local
 from .observe import OpenSpans, set_hang_provider, set_late_threshold
 from .provider import RankIdGenerator, rank_resource, tracer_provider
+from .sample import StepSampler
 from .torch_group import torch_group
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "tcp_group",
     "run_local",
     "OpenSpans",
+    "StepSampler",
     "set_late_threshold",
     "set_hang_provider",
     "torch_group",

@@ -31,6 +31,15 @@ class Group:
         self, src_rank: int, carrier: Optional[Dict[str, str]] = None
     ) -> Optional[Dict[str, str]]: ...
     def broadcast_map(self, src_rank: int, carrier: Optional[Dict[str, str]] = None) -> Dict[str, str]: ...
+    def sample(self, rules: Optional[str] = None) -> None:
+        """Decides this rank's steps with lens's step sampler (rules as ``LENS_SAMPLE``
+        takes them; ``None``: that variable's); ``lens_trace.StepSampler`` holds the spans."""
+    def sample_step(self) -> Optional[int]:
+        """The current step in the source's count, or ``None`` where the group does not sample."""
+    def sample_decisions(self, since: int = 0) -> List[Tuple[int, Optional[str], str]]:
+        """The steps decided after ``since``: ``(step, reason or None when dropped, th)``."""
+    def sample_vote(self) -> None:
+        """Votes to keep this rank's current step on every rank."""
     def flush(self) -> None:
         """A TCP group with ``source_returns="queued"``: waits until the last round this rank
         was the source of has reached every rank and raises its failure; else returns."""

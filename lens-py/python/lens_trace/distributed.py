@@ -42,6 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .errors import BroadcastTimeout, ConfigError
 from .observe import record_arrivals, report_hang
+from .sample import after_round, round_failed
 
 __all__ = [
     "RemoteCarrier",
@@ -275,10 +276,15 @@ def broadcast_trace_context(
     try:
         got = g.broadcast_map(src_rank, mine)
     except BroadcastTimeout as e:
+        round_failed(g)
         report_hang(g, e.missing_ranks, e.after, e.last_seen, e.via)
+        raise
+    except Exception:
+        round_failed(g)
         raise
     if rank == src_rank:
         record_arrivals(g, context)
+    after_round(g)
     return RemoteCarrier(got, source_rank=src_rank)
 
 
