@@ -180,6 +180,8 @@ pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context, carrier: &Carri
 /// ranks goes in the carrier sent (the carrier returned, when there is a word).
 pub(crate) fn source_begins(b: &dyn Broadcaster, carrier: &Carrier) -> Option<Carrier> {
     let s = b.step_sampler()?;
+    // An earlier round's arrivals, left for a caller that never took them, are stale now.
+    s.stash_arrivals(None);
     s.before_round(b);
     s.stamp(carrier)
 }

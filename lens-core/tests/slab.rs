@@ -62,6 +62,23 @@ impl SlabTransport for Local {
     fn stop(&mut self) {
         self.stops.fetch_add(1, Ordering::SeqCst);
     }
+
+    /// A gather made of one broadcast from each rank in turn.
+    fn gather_i64(&mut self, round: &Round, value: i64) -> Result<Option<Vec<i64>>> {
+        let n = self.group.world_size();
+        let me = self.group.rank();
+        let mut all = Vec::with_capacity(n);
+        for r in 0..n {
+            let mut buf = value.to_le_bytes();
+            self.collective(
+                &Round::new(r, Duration::from_secs(5)),
+                &mut buf,
+                (r == me).then_some(8),
+            )?;
+            all.push(i64::from_le_bytes(buf));
+        }
+        Ok(Some(if me == round.root { all } else { Vec::new() }))
+    }
 }
 
 fn group(
@@ -357,4 +374,42 @@ fn a_timeout_that_names_no_rank_asks_the_transport_once() {
         ));
         assert_eq!(count.load(Ordering::SeqCst), calls, "{why}");
     }
+}
+
+/// Where every round gathers arrivals, a rank's vote (the step sampler's) rides in the
+/// gather, and every rank keeps the step it voted for; gathering only every other round,
+/// the slab group says it cannot carry votes.
+#[test]
+fn votes_ride_in_the_gather_of_arrivals() {
+    use lens_core::sample::{Reason, SampleRules, StepSampler};
+    let rules = SampleRules::parse("slower-than=60s").expect("rules");
+    let (ranks, _) = group(
+        3,
+        &SlabOptions::default().slab_size(256).arrivals_every(1),
+        &[],
+    );
+    let decided = lens_testkit::on_each_rank(&ranks, |b| {
+        let sampler = StepSampler::deciding_only(rules.clone());
+        let g = sampler.group(b);
+        for step in 1..=6u64 {
+            blocking::broadcast_trace_context(&g, 0).expect("round");
+            if b.rank() == 2 && step == 3 {
+                sampler.keep_this_step();
+            }
+        }
+        sampler.decisions()
+    });
+    for (rank, d) in decided.iter().enumerate() {
+        assert!(d.contains(&(3, Some(Reason::Vote))), "rank {rank}: {d:?}");
+        assert!(
+            d.contains(&(2, None)),
+            "rank {rank}: an ordinary step dropped: {d:?}"
+        );
+    }
+    let (every_other, _) = group(
+        2,
+        &SlabOptions::default().slab_size(256).arrivals_every(2),
+        &[],
+    );
+    assert!(!every_other[1].carry_vote(true));
 }

@@ -486,7 +486,7 @@ impl Broadcaster for MpiBroadcaster {
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         self.check_thread()?;
-        lens_core::blocking::broadcast(&self.group, root, payload)
+        self.group.round(root, payload)
     }
 
     fn rounds_started(&self) -> Option<u64> {
@@ -497,9 +497,9 @@ impl Broadcaster for MpiBroadcaster {
         self.group.take_arrivals()
     }
 
-    /// Not carried: the slab collective sends nothing from the other ranks to the root.
-    fn carry_vote(&self, _vote: bool) -> bool {
-        false
+    /// Carried when every round gathers arrivals (`arrivals_every(1)`), in the gather.
+    fn carry_vote(&self, vote: bool) -> bool {
+        self.group.carry_vote(vote)
     }
 
     fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
@@ -509,7 +509,7 @@ impl Broadcaster for MpiBroadcaster {
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
         Some(
             self.check_thread()
-                .and_then(|()| lens_core::blocking::broadcast(&self.group, root, payload)),
+                .and_then(|()| self.group.round(root, payload)),
         )
     }
 }

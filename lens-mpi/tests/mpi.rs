@@ -28,6 +28,7 @@ const CASES: &[(&str, usize, bool)] = &[
     ("rank_that_never_builds_times_out", 2, false),
     ("absent_rank_is_named_by_every_rank", 4, false),
     ("arrivals_name_the_straggler", 3, true),
+    ("votes_ride_in_the_gather", 3, true),
     ("transfer_measured", 4, true),
     // Rank 1 runs under libfaketime 2.5 s ahead (an MPMD launch; skipped without faketime).
     ("clock_under_faketime", 2, true),
@@ -194,6 +195,29 @@ fn rank_main(case: &str) {
             } else {
                 assert_eq!(b.take_arrivals(), None);
             }
+        }
+        "votes_ride_in_the_gather" => {
+            // Every round gathers arrival times, and a rank's step-sampler vote rides in
+            // the gather: rank 2's vote keeps step 3 on every rank.
+            use lens_core::sample::{Reason, SampleRules, StepSampler};
+            let b = check(
+                MpiBroadcaster::builder(world.duplicate())
+                    .arrivals_every(1)
+                    .build(),
+                "build",
+            );
+            let sampler =
+                StepSampler::deciding_only(check(SampleRules::parse("slower-than=60s"), "rules"));
+            let g = sampler.group(&b);
+            for step in 1..=6u64 {
+                check(blocking::broadcast_trace_context(&g, 0), "round");
+                if me == 2 && step == 3 {
+                    sampler.keep_this_step();
+                }
+            }
+            let d = sampler.decisions();
+            assert!(d.contains(&(3, Some(Reason::Vote))), "rank {me}: {d:?}");
+            assert!(d.contains(&(2, None)), "rank {me}: {d:?}");
         }
         "conformance_persistent" => {
             // A group over the direct-send limit: Open MPI 4.1 (the tested MPI) has
@@ -535,6 +559,12 @@ fn rank_main(case: &str) {
                 std::thread::sleep(Duration::from_secs(30));
                 std::process::exit(0);
             }
+            // Each report runs the flush hook once: one timeout, one report.
+            let reports = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counter = std::sync::Arc::clone(&reports);
+            lens_core::hang::set_flush(Box::new(move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }));
             let mut failed = None;
             for _ in 0..3 {
                 if let Err(e) = blocking::broadcast(&b, 0, (me == 0).then_some(&b"step"[..])) {
@@ -543,11 +573,15 @@ fn rank_main(case: &str) {
                 }
             }
             let path: Vec<usize> = if me == 0 { Vec::new() } else { vec![0] };
-            let named = matches!(
-                &failed,
-                Some(Error::Timeout { missing, via, .. }) if missing == &vec![3] && via == &path
+            let reported = reports.load(std::sync::atomic::Ordering::Relaxed);
+            let named = reported == 1
+                && matches!(
+                    &failed,
+                    Some(Error::Timeout { missing, via, .. }) if missing == &vec![3] && via == &path
+                );
+            println!(
+                "rank {me}: {failed:?}; names rank 3 through {path:?}, {reported} hang report(s): {named}"
             );
-            println!("rank {me}: {failed:?}; names rank 3 through {path:?}: {named}");
             // The live ranks count how many named rank 3 as they should.
             let live = live.expect("ranks 0 to 2 have a colour");
             let mine = i32::from(named);

@@ -296,7 +296,7 @@ impl Broadcaster for NcclBroadcaster {
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        lens_core::blocking::broadcast(&self.group, root, payload)
+        self.group.round(root, payload)
     }
 
     /// NCCL's communicator knows no node-local rank; `RankInfo` takes the launcher's.
@@ -312,9 +312,9 @@ impl Broadcaster for NcclBroadcaster {
         self.group.take_arrivals()
     }
 
-    /// Not carried: ncclBroadcast sends nothing from the other ranks to the root.
-    fn carry_vote(&self, _vote: bool) -> bool {
-        false
+    /// Carried when every round gathers arrivals (`arrivals_every(1)`), in the gather.
+    fn carry_vote(&self, vote: bool) -> bool {
+        self.group.carry_vote(vote)
     }
 
     fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
@@ -322,6 +322,6 @@ impl Broadcaster for NcclBroadcaster {
     }
 
     fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
-        Some(lens_core::blocking::broadcast(&self.group, root, payload))
+        Some(self.group.round(root, payload))
     }
 }

@@ -121,9 +121,21 @@ fn in_fake_missing_rank_times_out_aborts_and_closes() {
     in_child();
     let timeout = Duration::from_millis(300);
     let ranks = group(2, &NcclOptions::default().timeout(timeout));
+    // Each hang report runs the flush hook once: one timeout, one report.
+    let reports = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&reports);
+    let hook = lens_core::hang::set_flush(Box::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
     let t = Instant::now();
     let r = blocking::broadcast(&ranks[0], 0, Some(b"ctx"));
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(
+        reports.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "one lens.hang for one timeout"
+    );
+    lens_core::hang::clear_flush(hook);
     assert!(
         t.elapsed() >= timeout && t.elapsed() < 10 * timeout,
         "{:?}",

@@ -17,7 +17,10 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lens: {e}");
+            // One write: ranks of a job may share this stderr, and a line written in pieces
+            // interleaves with theirs.
+            use std::io::Write as _;
+            let _ = std::io::stderr().write_all(format!("lens: {e}\n").as_bytes());
             ExitCode::FAILURE
         }
     }

@@ -22,7 +22,7 @@ pub use options::{
     DEFAULT_ROUND_TIMEOUT, DEFAULT_SLAB_SIZE, MAX_SLAB_BYTES, SlabOptions, SlabVars,
 };
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use crate::arrivals::Arrivals;
 use crate::backend::check_broadcast_args;
@@ -220,6 +220,8 @@ pub struct SlabBroadcaster<T> {
     arrivals_every: u64,
     /// This rank's clock minus the reference clock, taken off its arrival times.
     clock_offset_ns: AtomicI64,
+    /// This rank's vote (the step sampler's), for its next round's gather.
+    vote: AtomicBool,
 }
 
 impl<T> std::fmt::Debug for SlabBroadcaster<T> {
@@ -271,6 +273,7 @@ impl<T: SlabTransport> SlabBroadcaster<T> {
             timeout: opts.timeout,
             arrivals_every: opts.arrivals_every,
             clock_offset_ns: AtomicI64::new(0),
+            vote: AtomicBool::new(false),
         })
     }
 
@@ -369,11 +372,13 @@ impl<T: SlabTransport> SlabBroadcaster<T> {
     }
 
     /// One round, on the calling thread: the body of both [`Broadcaster::broadcast`] and
-    /// [`Broadcaster::broadcast_sync`].
+    /// [`Broadcaster::broadcast_sync`], for a backend's broadcaster that wraps this one
+    /// (its error as it is: the lens-core call that runs the wrapper's round reports a
+    /// timeout, once).
     ///
     /// # Errors
     /// As [`Broadcaster::broadcast`]; [`Error::Closed`] after a failed round.
-    fn round(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+    pub fn round(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
         if self.arrivals_every > 0 {
             return self.round_with_arrivals(root, payload);
@@ -391,9 +396,17 @@ impl<T: SlabTransport> SlabBroadcaster<T> {
         if due {
             let offset = i128::from(self.clock_offset_ns.load(Ordering::Relaxed));
             let entered = i64::try_from(entered - offset).unwrap_or(i64::MAX);
-            let got = self.locked_as(root, false, |t, _, round| t.gather_i64(round, entered))?;
+            // The lowest bit carries the rank's vote: a nanosecond of the entry time.
+            let vote = i64::from(self.vote.swap(false, Ordering::Relaxed));
+            let value = (entered & !1) | vote;
+            let got = self.locked_as(root, false, |t, _, round| t.gather_i64(round, value))?;
             if let Some(times) = got.filter(|_| self.rank == root) {
-                let arrivals = Arrivals::from_times(times.into_iter().enumerate());
+                let voted = (times.iter().enumerate())
+                    .filter(|(_, t)| *t & 1 == 1)
+                    .map(|(r, _)| r)
+                    .collect();
+                let arrivals = Arrivals::from_times(times.into_iter().enumerate())
+                    .map(|a| a.with_voted(voted));
                 self.state().arrivals = arrivals;
             }
         }
@@ -460,6 +473,17 @@ impl<T: SlabTransport> Broadcaster for SlabBroadcaster<T> {
 
     fn take_arrivals(&self) -> Option<Arrivals> {
         self.state().arrivals.take()
+    }
+
+    /// Carried where every round gathers arrivals ([`SlabOptions::arrivals_every`] of 1,
+    /// on a transport that gathers): in the lowest bit of the rank's entry time. Not
+    /// otherwise: a vote kept for a later gather would be counted for a later step.
+    fn carry_vote(&self, vote: bool) -> bool {
+        if self.arrivals_every != 1 {
+            return false;
+        }
+        self.vote.store(vote, Ordering::Relaxed);
+        true
     }
 }
 

@@ -27,15 +27,23 @@ pub(crate) struct Mpi;
 /// Ends this rank at once: a collective may be pending, so MPI cannot be finalised, and the
 /// launcher stops the other ranks when one exits non-zero.
 fn die(rank: i32, why: &str) -> ! {
-    eprintln!("lens: rank {rank}: {why}");
+    say_why(rank, why);
     std::process::exit(1)
+}
+
+/// The rank's last line on stderr, in one write: the ranks share mpirun's stderr, and a
+/// line written in pieces interleaves with theirs.
+fn say_why(rank: i32, why: &str) {
+    use std::io::Write as _;
+    let line = format!("lens: rank {rank}: {why}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Ends this rank after `linger`: the launcher stops every rank when one exits non-zero,
 /// so a rank whose round failed gives the others the time to finish theirs (the roll call
 /// after a timeout takes up to one more timeout) and to send their hang reports.
 fn die_after(rank: i32, why: &str, linger: Duration) -> ! {
-    eprintln!("lens: rank {rank}: {why}");
+    say_why(rank, why);
     std::thread::sleep(linger);
     std::process::exit(1)
 }
