@@ -106,12 +106,17 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The processor kept spans go to.
+    fn next(&self) -> std::sync::RwLockReadGuard<'_, Box<dyn SpanProcessor>> {
+        self.next.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Passes `spans` on, outside the state's lock.
     fn pass(&self, spans: Release) {
         if spans.is_empty() {
             return;
         }
-        let next = self.next.read().unwrap_or_else(|e| e.into_inner());
+        let next = self.next();
         for span in spans {
             next.on_end(span);
         }
@@ -322,12 +327,7 @@ pub struct StepProcessor {
 
 impl SpanProcessor for StepProcessor {
     fn on_start(&self, span: &mut Span, cx: &Context) {
-        let next = self
-            .sampler
-            .inner
-            .next
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let next = self.sampler.inner.next();
         next.on_start(span, cx);
     }
 
@@ -337,24 +337,14 @@ impl SpanProcessor for StepProcessor {
 
     /// Flushes the next processor; held steps stay held (their decision is to come).
     fn force_flush(&self) -> OTelSdkResult {
-        let next = self
-            .sampler
-            .inner
-            .next
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let next = self.sampler.inner.next();
         next.force_flush()
     }
 
     /// Keeps what is held, then shuts the next processor down.
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.sampler.finish();
-        let next = self
-            .sampler
-            .inner
-            .next
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let next = self.sampler.inner.next();
         next.shutdown_with_timeout(timeout)
     }
 
