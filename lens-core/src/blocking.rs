@@ -143,8 +143,8 @@ fn send_whole(
     carrier: Carrier,
     cx: &Context,
 ) -> Result<Carrier> {
-    let stamped = source_begins(b, &carrier);
-    let bytes = match outgoing(b, stamped.as_ref().unwrap_or(&carrier)) {
+    let word = source_begins(b);
+    let bytes = match outgoing(b, &carrier, word.as_deref()) {
         Ok(bytes) => bytes,
         Err(e) => {
             fail_source(b, src_rank);

@@ -138,8 +138,8 @@ async fn send(
     carrier: Carrier,
     cx: &Context,
 ) -> Result<Option<Carrier>> {
-    let stamped = source_begins(b, &carrier);
-    let bytes = match outgoing(b, stamped.as_ref().unwrap_or(&carrier)) {
+    let word = source_begins(b);
+    let bytes = match outgoing(b, &carrier, word.as_deref()) {
         Ok(bytes) => bytes,
         Err(e) => {
             fail_source(b, src_rank).await;
@@ -177,13 +177,13 @@ pub(crate) fn record_arrivals(b: &dyn Broadcaster, cx: &Context, carrier: &Carri
 }
 
 /// The source enters its round: the step sampler's step ends, and its word for the other
-/// ranks goes in the carrier sent (the carrier returned, when there is a word).
-pub(crate) fn source_begins(b: &dyn Broadcaster, carrier: &Carrier) -> Option<Carrier> {
+/// ranks is made, to go in the carrier sent ([`outgoing`]).
+pub(crate) fn source_begins(b: &dyn Broadcaster) -> Option<String> {
     let s = b.step_sampler()?;
     // An earlier round's arrivals, left for a caller that never took them, are stale now.
     s.stash_arrivals(None);
     s.before_round(b);
-    s.stamp(carrier)
+    s.word()
 }
 
 /// Another rank enters the round: the step sampler's step ends, its vote goes with it.
@@ -236,8 +236,16 @@ pub(crate) fn foreign_carrier(carrier: Option<&Carrier>) -> Result<Carrier> {
 
 /// The bytes the source sends for `carrier`, or why it cannot (the others must then be told
 /// with [`SOURCE_FAILED`]).
-pub(crate) fn outgoing<'c>(b: &dyn Broadcaster, carrier: &'c Carrier) -> Result<Cow<'c, [u8]>> {
-    let bytes = carrier.to_bytes();
+/// With the step sampler's `word`, it goes last (where every rank cuts it off).
+pub(crate) fn outgoing<'c>(
+    b: &dyn Broadcaster,
+    carrier: &'c Carrier,
+    word: Option<&str>,
+) -> Result<Cow<'c, [u8]>> {
+    let bytes = match word {
+        None => carrier.to_bytes(),
+        Some(w) => Cow::Owned(crate::sample::with_word(carrier, w)),
+    };
     let limit = Carrier::DEFAULT_MAX_LEN.min(b.max_payload());
     if bytes.len() > limit {
         return Err(Error::PayloadTooLarge {

@@ -242,3 +242,39 @@ fn the_sample_bench_keeps_every_slow_step_whole() {
         );
     }
 }
+
+/// `--only` makes one run of the two (for an instruction counter), on the local backend.
+#[test]
+fn the_sample_bench_makes_one_run_when_asked() {
+    let run = lens(
+        &[
+            "sample-bench",
+            "--ranks",
+            "2",
+            "--steps",
+            "50",
+            "--only",
+            "sampled",
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("one run, 50 steps on 2 ranks"),
+        "{}",
+        run.stdout
+    );
+    if cfg!(feature = "tcp") {
+        let run = lens(
+            &["sample-bench", "--backend", "tcp", "--only", "all"],
+            &[],
+            DEADLINE,
+        );
+        assert!(
+            !run.ok && run.stderr.contains("--only applies to --backend local"),
+            "{}",
+            run.stderr
+        );
+    }
+}

@@ -249,12 +249,10 @@ impl StepSampler {
         }
     }
 
-    /// The source writes its word into the carrier it sends.
-    pub(crate) fn stamp(&self, carrier: &Carrier) -> Option<Carrier> {
+    /// The source's word for the round it is about to send, encoded.
+    pub(crate) fn word(&self) -> Option<String> {
         let word = self.inner.state().word()?;
-        let mut c = carrier.clone();
-        c.insert(wire::CARRIER_KEY, word.encode());
-        Some(c)
+        Some(word.encode())
     }
 
     /// Arrivals the source's round took for the sampler that no span recorded: given back
@@ -281,6 +279,31 @@ impl StepSampler {
     pub(crate) fn on_round_error(&self) {
         self.inner.with(State::on_error);
     }
+}
+
+/// The bytes of `carrier` with the word `w` last, as every rank cuts it off: written into
+/// the carrier's own JSON (no copy of the carrier), or, where the carrier holds the key
+/// already (one passed on), set in a copy.
+pub(crate) fn with_word(carrier: &Carrier, w: &str) -> Vec<u8> {
+    if carrier.get(CARRIER_KEY).is_some() {
+        let mut c = carrier.clone();
+        c.insert(CARRIER_KEY, w);
+        return c.encode();
+    }
+    let bytes = carrier.to_bytes();
+    let mut out = Vec::with_capacity(bytes.len() + CARRIER_KEY.len() + w.len() + 8);
+    // A carrier's JSON is an object: everything before its closing brace, then the word.
+    let body = bytes.strip_suffix(b"}").unwrap_or(&bytes);
+    out.extend_from_slice(body);
+    if body.len() > 1 {
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(b"\"");
+    out.extend_from_slice(CARRIER_KEY.as_bytes());
+    out.extend_from_slice(b"\": \"");
+    out.extend_from_slice(w.as_bytes());
+    out.extend_from_slice(b"\"}");
+    out
 }
 
 /// The word cut off the end of a round's bytes ([`Word::cut`]).
@@ -435,5 +458,42 @@ impl<B: Broadcaster> Broadcaster for Sampled<B> {
 
     fn step_sampler(&self) -> Option<&StepSampler> {
         Some(&self.sampler)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CARRIER_KEY, Carrier, Word, with_word};
+
+    /// The word goes last in the carrier's own JSON, and every rank cuts it off again,
+    /// leaving the bytes the carrier had.
+    #[test]
+    fn a_word_written_last_is_cut_off_whole() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut full = Carrier::new();
+        full.insert("traceparent", tp);
+        full.insert("baggage", "a=1");
+        let mut passed_on = full.clone();
+        passed_on.insert(CARRIER_KEY, "step=1");
+        // (why, carrier)
+        let rows = [
+            ("a traceparent and baggage", full),
+            ("empty", Carrier::new()),
+        ];
+        for (why, c) in rows {
+            let mut bytes = with_word(&c, "step=12;decided=10;drop");
+            assert!(
+                bytes.ends_with(b"\"lens-sample\": \"step=12;decided=10;drop\"}"),
+                "{why}"
+            );
+            let word = Word::cut(&mut bytes).expect(why).expect(why);
+            assert_eq!(word.step, 12, "{why}");
+            assert_eq!(bytes, c.encode(), "{why}: the carrier's own bytes are left");
+        }
+        // A carrier that holds the key already (passed on from another job) gets the new
+        // word in its place.
+        let bytes = with_word(&passed_on, "step=2");
+        let c = Carrier::decode(&bytes).expect("json");
+        assert_eq!(c.get(CARRIER_KEY), Some("step=2"));
     }
 }

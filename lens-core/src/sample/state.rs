@@ -473,8 +473,14 @@ impl State {
 
 /// A rough size of a span in memory: its strings and a fixed part per item.
 fn approx_bytes(span: &SpanData) -> usize {
+    // Strings by their length; other values at a fixed guess (`Value::as_str` would
+    // format them, an allocation per attribute of every span held).
     fn kv(kv: &KeyValue) -> usize {
-        32 + kv.key.as_str().len() + kv.value.as_str().len()
+        let value = match &kv.value {
+            opentelemetry::Value::String(s) => s.as_str().len(),
+            _ => 16,
+        };
+        32 + kv.key.as_str().len() + value
     }
     let attributes: usize = span.attributes.iter().map(kv).sum();
     let events: usize = span

@@ -91,9 +91,12 @@ pub(crate) struct Word {
 
 impl Word {
     pub(crate) fn encode(&self) -> String {
-        let mut s = format!("step={}", self.step);
+        let mut s = String::with_capacity(48);
+        s.push_str("step=");
+        push_u64(&mut s, self.step);
         if let Some(d) = &self.decision {
-            s.push_str(&format!(";decided={}", d.step));
+            s.push_str(";decided=");
+            push_u64(&mut s, d.step);
             match d.keep {
                 Some(r) => {
                     s.push_str(";keep=");
@@ -161,8 +164,14 @@ impl Word {
         if bytes.get(end..)? != b"\"}" {
             return None;
         }
-        let at = memchr::memmem::rfind(bytes, KEY)?;
-        let value = bytes.get(at + KEY.len()..end)?;
+        // The last value's opening quote, found from the end: a word is short, and every
+        // carrier's last value is looked at (this runs on every rank, sampling or not).
+        let open = bytes.get(..end)?.iter().rposition(|&b| b == b'"')?;
+        if !bytes.get(..=open)?.ends_with(KEY) {
+            return None;
+        }
+        let at = open + 1 - KEY.len();
+        let value = bytes.get(open + 1..end)?;
         // A word is plain ASCII: no quote, no escape; anything else is not lens's.
         if value
             .iter()
@@ -183,6 +192,21 @@ impl Word {
         bytes.push(b'}');
         Some(word)
     }
+}
+
+/// `n` in decimal, without the formatting machinery (this runs once a round).
+fn push_u64(s: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.extend(digits[i..].iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]

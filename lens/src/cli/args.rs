@@ -194,6 +194,10 @@ pub(crate) struct SampleBenchArgs {
     /// Deadline of each collective, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub(crate) timeout: f64,
+    /// Only one of the two runs, with --backend local (for an instruction counter such as
+    /// `valgrind --tool=callgrind`, one run per process).
+    #[arg(long, value_enum)]
+    pub(crate) only: Option<OnlyArg>,
     /// Set on the TCP ranks it starts: this process's rank.
     #[arg(long, hide = true)]
     pub(crate) rank: Option<usize>,
@@ -203,6 +207,15 @@ pub(crate) struct SampleBenchArgs {
     /// Set on the TCP ranks it starts: rank 0's address.
     #[arg(long, hide = true)]
     pub(crate) addr: Option<String>,
+}
+
+/// Which run of `sample-bench` to make alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnlyArg {
+    /// Every span exported.
+    All,
+    /// Through the step sampler.
+    Sampled,
 }
 
 /// A deadline given in seconds on the command line: positive and at most

@@ -18,7 +18,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanProcessor};
 use serde_json::{Value as Json, json};
 
-use super::args::{BackendArg, SampleBenchArgs};
+use super::args::{BackendArg, OnlyArg, SampleBenchArgs};
 
 /// Prefix of the line a rank process prints with its figures.
 #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
@@ -313,15 +313,31 @@ pub(crate) fn run(args: &SampleBenchArgs) -> Result<(), String> {
         return Err("--ranks: at least 2".into());
     }
     let timeout = super::args::secs_arg("--timeout", args.timeout)?;
+    if args.only.is_some() && args.backend != BackendArg::Local {
+        return Err("--only applies to --backend local".into());
+    }
     match args.backend {
         BackendArg::Local => {
+            let runs: &[bool] = match args.only {
+                None => &[false, true],
+                Some(OnlyArg::All) => &[false],
+                Some(OnlyArg::Sampled) => &[true],
+            };
             let mut all = Vec::new();
-            for sampled in [false, true] {
+            for &sampled in runs {
                 let ranks = lens::local::LocalCluster::new(n)
                     .timeout(timeout)
                     .broadcasters();
                 let got = lens::testkit::on_each_rank(&ranks, |b| run_rank(b, &job, sampled));
                 all.extend(got.into_iter().collect::<Result<Vec<_>, _>>()?);
+            }
+            if args.only.is_some() {
+                let spans: u64 = all.iter().map(|f| f.exported).sum();
+                println!(
+                    "lens sample-bench: one run, {} steps on {n} ranks, {spans} spans exported",
+                    job.steps
+                );
+                return Ok(());
             }
             println!(
                 "{}",
