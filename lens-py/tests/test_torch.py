@@ -152,6 +152,27 @@ elif mode == "straggler":
         out("ok")
     dist.barrier()
     os._exit(0)
+elif mode == "votes":
+    # The step sampler over torch, arrival times gathered every round: rank 2's vote in
+    # step 3 rides in the gather, and every rank keeps that step.
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace import TracerProvider as Provider
+    lens_trace.set_group(lens_trace.torch_group(timeout=20, arrivals_every=1))
+    exporter = InMemorySpanExporter()
+    provider = Provider()
+    sampler = lens_trace.StepSampler(SimpleSpanProcessor(exporter), rules="slower-than=60s")
+    provider.add_span_processor(sampler)
+    for step in range(8):
+        with provider.get_tracer("t").start_as_current_span("step", attributes={"step": step}):
+            broadcast_trace_context(r, 0)
+            if r == 2 and step == 3:
+                sampler.keep_this_step()
+    provider.shutdown()
+    kept = sorted({s.attributes["lens.sample.step"] for s in exporter.get_finished_spans()})
+    out("kept", *kept)
+    dist.barrier()
+    os._exit(0)
 elif mode == "skip":
     lens_trace.set_group(lens_trace.torch_group(timeout=2))
     if r == 0:
@@ -212,6 +233,12 @@ def test_gathered_arrivals_name_the_straggler_on_the_source_s_span(procs: Procs,
     assert lines[0][:2] == ["last", "2"], lines[0]
     assert int(lines[0][3]) >= 50, f"rank 2 came 60 ms late: {lines[0]}"
     assert lines[1:] == [["ok"], ["ok"]]
+
+
+def test_a_vote_rides_in_the_gathered_arrivals_over_torch(procs: Procs, tmp_path):
+    lines = torch_job(procs, tmp_path, "votes", world=3)
+    # Loop step 3 is lens's step 4; the last two were undecided at shutdown.
+    assert lines == [["kept", "4", "7", "8"]] * 3, lines
 
 
 def test_a_source_that_skips_a_step_times_the_others_out_bounded(procs: Procs, tmp_path):
