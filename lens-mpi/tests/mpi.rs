@@ -596,6 +596,10 @@ fn rank_main(case: &str) {
                 live.process_at_rank(0)
                     .reduce_into(&mine, SystemOperation::sum());
             }
+            // Rank 0 has printed its verdict before any live rank leaves (the launcher ends
+            // the job at the first rank that exits non-zero, which could cut it off).
+            use mpi::collective::CommunicatorCollectives as _;
+            live.barrier();
             // Collectives are pending on the broadcaster's communicator: leave without
             // finalising, the launcher ends the job.
             std::process::exit(3);

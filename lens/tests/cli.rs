@@ -319,6 +319,34 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
         assert!(ms >= 39.0, "a 40 ms delay, spread {ms} ms: {}", run.stdout);
     }
 
+    // `--sample`: the step sampler on both GPU processes; rank 1 sleeps 60 ms in step 5,
+    // which every rank keeps.
+    let run = common::lens_with_env(
+        &[
+            "demo",
+            "--backend",
+            "nccl",
+            "--ranks",
+            "2",
+            "--steps",
+            "12",
+            "--sample",
+            "slower-than=45ms",
+            "--inject",
+            "delay:1:60@5",
+        ],
+        &env,
+        DEADLINE,
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("on every rank")
+            && run.stdout.contains("step 5 ")
+            && run.stdout.contains("kept (slow)"),
+        "{}",
+        run.stdout
+    );
+
     let run = common::lens_with_env(
         &["demo", "--backend", "nccl", "--ranks", "3"],
         &env,
