@@ -77,7 +77,8 @@ def test_a_slow_step_is_kept_whole_on_every_rank():
     for rank, spans in enumerate(got):
         steps = _steps(spans)
         assert 5 in steps and len(steps[5]) == 2, (rank, sorted(steps))
-        assert steps[5][0].attributes["lens.sample.reason"] == "slow"
+        # Slow at the source, or by rank 1's own vote (its part was over the threshold).
+        assert steps[5][0].attributes["lens.sample.reason"] in ("slow", "vote")
 
 
 def test_the_baseline_carries_its_threshold():

@@ -339,10 +339,13 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
         DEADLINE,
     );
     assert!(run.ok, "{}", run.stderr);
+    // Kept as slow, or by rank 1's own vote: the view marks step 5 kept.
     assert!(
         run.stdout.contains("on every rank")
-            && run.stdout.contains("step 5 ")
-            && run.stdout.contains("kept (slow)"),
+            && run
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("step 5 ") && l.contains("kept (")),
         "{}",
         run.stdout
     );

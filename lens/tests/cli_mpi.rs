@@ -91,10 +91,8 @@ fn mpi_demo_keeps_the_slow_steps_whole_on_every_rank() {
         ],
     );
     assert!(ok, "{out}");
-    assert!(
-        out.contains("on every rank") && out.contains("slow"),
-        "{out}"
-    );
+    // Kept as slow by the source, or by rank 1's own vote: either way, on every rank.
+    assert!(out.contains("on every rank"), "{out}");
     let spans = receiver.wait_for(3 * 4, Duration::from_secs(20));
     let mut by_step: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
     for s in &spans {

@@ -88,11 +88,9 @@ fn local_demo_keeps_the_slow_steps_whole_and_drops_most() {
         DEADLINE,
     );
     assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
-    assert!(
-        run.stdout.contains("on every rank") && run.stdout.contains("slow"),
-        "{}",
-        run.stdout
-    );
+    // Kept as slow by the source, or by rank 3's own vote (its part of the step was over
+    // the threshold whatever the others did): either way, on every rank.
+    assert!(run.stdout.contains("on every rank"), "{}", run.stdout);
     let spans = received(&receiver, sent_count(&run.stdout));
     let steps = by_step(&spans);
     for s in slow {
