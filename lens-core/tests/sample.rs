@@ -227,6 +227,25 @@ fn sixty_four_ranks_keep_the_same_steps_whole() {
         })
         .sum();
     assert_eq!(counted, STEPS as i64 - kept.len() as i64, "{kept:?}");
+    // With the spans they held: two a step on this rank.
+    let spans_counted: i64 = spans
+        .iter()
+        .filter_map(|s| match attr(s, keys::DROPPED_SPANS) {
+            Some(Value::I64(n)) => Some(*n),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(spans_counted, 2 * counted, "two spans a dropped step");
+    // The log another SDK's sampler reads: what came after a step, in order.
+    let (_, _, sampler) = &got[5];
+    let after: Vec<u64> = sampler.decision_log(20).iter().map(|d| d.0).collect();
+    let all: Vec<u64> = sampler
+        .decisions()
+        .iter()
+        .map(|d| d.0)
+        .filter(|&s| s > 20)
+        .collect();
+    assert_eq!(after, all);
     // Kept by a rule: probability 1 in the tracestate.
     assert!(
         spans
@@ -391,4 +410,88 @@ fn a_source_without_a_sampler_leaves_the_carrier_clean() {
             .expect("a context");
         assert!(got.get(lens_core::sample::CARRIER_KEY).is_none(), "{got:?}");
     });
+}
+
+/// The provider's shutdown keeps what is held, with the group still open; a force flush
+/// before it leaves held steps held (their decision is still to come).
+#[test]
+fn shutdown_keeps_what_is_held_and_a_flush_does_not() {
+    /// Keeps what reaches it, past its shutdown (the in-memory exporter forgets then).
+    #[derive(Debug, Clone, Default)]
+    struct Record(std::sync::Arc<std::sync::Mutex<Vec<SpanData>>>);
+    impl opentelemetry_sdk::trace::SpanProcessor for Record {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("no panic while holding it").push(span);
+        }
+        fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+            Ok(())
+        }
+    }
+    let rules = SampleRules::parse("slower-than=60s").expect("rules");
+    let record = Record::default();
+    let sampler = StepSampler::new(rules, record.clone());
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(sampler.processor())
+        .build();
+    let tracer = provider.tracer("t");
+    let group = sampler.group(LocalCluster::new(1).broadcasters().remove(0));
+    for _ in 0..4 {
+        blocking::broadcast_trace_context(&group, 0).expect("round");
+        tracer.start("work").end();
+    }
+    // Steps 1 and 2 were decided (dropped); 3 and 4 are held.
+    provider.force_flush().expect("flush");
+    assert!(record.0.lock().expect("lock").is_empty());
+    assert_eq!(sampler.stats().held_spans, 2);
+    provider.shutdown().expect("shutdown");
+    let spans = record.0.lock().expect("lock").clone();
+    let kept = kept_steps(&spans);
+    assert_eq!(
+        kept.keys().copied().collect::<Vec<_>>(),
+        vec![3, 4],
+        "{kept:?}"
+    );
+    assert!(kept.values().all(|why| why.contains("exit")), "{kept:?}");
+    drop(group);
+}
+
+/// The cap on bytes, as on spans: past it the step is kept at once.
+#[test]
+fn a_step_over_the_byte_cap_is_kept_early() {
+    let rules = SampleRules::parse("slower-than=60s,max-bytes=4096").expect("rules");
+    let r = rank_with(&rules);
+    let tracer = r.provider.tracer("t");
+    let group = r
+        .sampler
+        .group(LocalCluster::new(1).broadcasters().remove(0));
+    for step in 1..=6 {
+        blocking::broadcast_trace_context(&group, 0).expect("round");
+        // Step 3: spans of a kilobyte of attributes each.
+        let n = if step == 3 { 10 } else { 1 };
+        for _ in 0..n {
+            tracer
+                .span_builder("big")
+                .with_attributes([opentelemetry::KeyValue::new("blob", "x".repeat(1024))])
+                .start(&tracer)
+                .end();
+        }
+    }
+    let st = r.sampler.stats();
+    assert!(
+        st.peak_bytes <= 4096 + 2048,
+        "held at most the cap and a span: {st:?}"
+    );
+    drop(group);
+    let spans = r.exporter.get_finished_spans().expect("spans");
+    let kept = kept_steps(&spans);
+    assert!(kept.get(&3).is_some_and(|w| w.contains("cap")), "{kept:?}");
+    assert_eq!(
+        spans.iter().filter(|s| step_of(s) == 3).count(),
+        10,
+        "step 3 whole"
+    );
 }

@@ -254,9 +254,8 @@ impl Group {
     #[pyo3(signature = (since=0))]
     fn sample_decisions(&self, since: u64) -> Vec<(u64, Option<&'static str>, String)> {
         self.sampler().map_or_else(Vec::new, |s| {
-            s.decision_log()
+            s.decision_log(since)
                 .into_iter()
-                .filter(|&(step, _, _)| step > since)
                 .map(|(step, r, t)| (step, r.map(|r| r.as_str()), t.th()))
                 .collect()
         })

@@ -28,6 +28,47 @@ fn by_step(spans: &[ReceivedSpan]) -> BTreeMap<i64, BTreeSet<usize>> {
     m
 }
 
+/// What a backend gets of a sampled job of `ranks` ranks and `total` steps: the `slow`
+/// steps whole, every step whole or absent, every span saying why it was kept, and on each
+/// rank's spans the count of the steps it dropped, which is all the steps that did not
+/// arrive. The steps that arrived, with the ranks they came from.
+fn check_kept(
+    spans: &[ReceivedSpan],
+    slow: &[i64],
+    ranks: usize,
+    total: usize,
+) -> BTreeMap<i64, BTreeSet<usize>> {
+    let steps = by_step(spans);
+    for s in slow {
+        assert_eq!(
+            steps.get(s).map(BTreeSet::len),
+            Some(ranks),
+            "step {s} arrived whole: {:?}",
+            steps.get(s)
+        );
+    }
+    for (s, from) in &steps {
+        assert_eq!(from.len(), ranks, "step {s} is whole or absent: {from:?}");
+    }
+    for rank in 0..ranks {
+        let mine: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.rank() == Some(rank)).collect();
+        assert!(
+            mine.iter().all(|s| s.str("lens.sample.reason").is_some()),
+            "rank {rank}: every kept span says why"
+        );
+        let dropped: i64 = mine
+            .iter()
+            .filter_map(|s| s.int("lens.sample.dropped_steps"))
+            .sum();
+        assert_eq!(
+            dropped as usize,
+            total - steps.len(),
+            "rank {rank}: the dropped steps are counted in what it exported"
+        );
+    }
+    steps
+}
+
 /// What the receiver has once `sent` spans came (the demo's own count), and no more come.
 fn received(receiver: &Receiver, sent: usize) -> Vec<ReceivedSpan> {
     let spans = receiver.wait_for(sent, Duration::from_secs(20));
@@ -92,18 +133,7 @@ fn local_demo_keeps_the_slow_steps_whole_and_drops_most() {
     // the threshold whatever the others did): either way, on every rank.
     assert!(run.stdout.contains("on every rank"), "{}", run.stdout);
     let spans = received(&receiver, sent_count(&run.stdout));
-    let steps = by_step(&spans);
-    for s in slow {
-        assert_eq!(
-            steps.get(&s).map(BTreeSet::len),
-            Some(RANKS),
-            "step {s} arrived whole: {:?}",
-            steps.get(&s)
-        );
-    }
-    for (s, ranks) in &steps {
-        assert_eq!(ranks.len(), RANKS, "step {s} is whole or absent: {ranks:?}");
-    }
+    check_kept(&spans, &slow, RANKS, STEPS);
     // All would be 6,400 spans; the baseline keeps about 4 steps, the end 2, the slow 4,
     // and a loaded machine a few more.
     assert!(
@@ -143,17 +173,7 @@ fn tcp_demo_keeps_the_slow_steps_whole_on_every_rank_process() {
     assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("on every rank"), "{}", run.stdout);
     let spans = received(&receiver, sent_count(&run.stdout));
-    let steps = by_step(&spans);
-    for s in [7, 19] {
-        assert_eq!(
-            steps.get(&s).map(BTreeSet::len),
-            Some(RANKS),
-            "step {s} arrived whole: {steps:?}"
-        );
-    }
-    for (s, ranks) in &steps {
-        assert_eq!(ranks.len(), RANKS, "step {s} is whole or absent: {ranks:?}");
-    }
+    let steps = check_kept(&spans, &[7, 19], RANKS, 30);
     assert!(steps.len() < 15, "most steps were dropped: {steps:?}");
 }
 

@@ -44,6 +44,7 @@
 //!     })?;
 //! }
 //! drop(group); // the end: what is still undecided is kept
+//! // Fails only when a thread panicked holding the exporter's lock; none did.
 //! let kept: Vec<_> = exporter.get_finished_spans().expect("spans");
 //! assert_eq!(kept.len(), 3, "the slow step, and the last two, kept as the group ended");
 //! # Ok::<(), lens_core::Error>(())
@@ -211,11 +212,13 @@ impl StepSampler {
         log.into_iter().map(|(s, r, _)| (s, r)).collect()
     }
 
-    /// [`StepSampler::decisions`] with the threshold each kept step's spans carry: for a
-    /// sampler that holds spans of its own (another language's SDK, as the Python package
-    /// does) and applies what this one decided.
-    pub fn decision_log(&self) -> Vec<(u64, Option<Reason>, Threshold)> {
-        self.inner.state().decisions()
+    /// The steps decided after step `after` (of the last 4,096), with the threshold each
+    /// kept step's spans carry: for a sampler that holds spans of its own (another
+    /// language's SDK, as the Python package does) and applies what this one decided, once
+    /// a round. Only the newest entries are read: a sampler that only decides
+    /// ([`StepSampler::deciding_only`]) notes its steps in order.
+    pub fn decision_log(&self, after: u64) -> Vec<(u64, Option<Reason>, Threshold)> {
+        self.inner.state().decisions_after(after)
     }
 
     /// The current step, in the source's count: 0 before the group's first trace-context

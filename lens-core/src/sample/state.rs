@@ -119,6 +119,18 @@ impl State {
         self.decisions.iter().copied().collect()
     }
 
+    /// The newest decisions, back to the first at or before `after`.
+    pub(crate) fn decisions_after(&self, after: u64) -> Vec<(u64, Option<Reason>, Threshold)> {
+        let newer = self
+            .decisions
+            .iter()
+            .rev()
+            .take_while(|&&(s, _, _)| s > after);
+        let mut v: Vec<_> = newer.copied().collect();
+        v.reverse();
+        v
+    }
+
     pub(crate) fn step(&self) -> u64 {
         self.step
     }
