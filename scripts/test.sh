@@ -55,6 +55,9 @@ timeout 300 cargo test -q --workspace --all-features --test clock -- --ignored -
 step "a real clock 2.5 s ahead (faketime): the demo exports a rank's spans on rank 0's clock over OTLP (TCP star and tree)"
 timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored --exact a_rank_2_5_s_ahead_is_exported_on_rank_0s_clock
 
+step "simulated hosts (network namespaces, as root): the switch does what its links say"
+timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored
+
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored
 

@@ -9,6 +9,8 @@
 //! - [`conformance`]: the suite every backend runs; [`on_each_rank`] runs a closure on every
 //!   rank at once, one thread each.
 //! - [`fake_gpu`]: a fake CUDA driver and NCCL, for the NCCL backend's tests without a GPU.
+//! - [`hosts`]: simulated hosts on one machine (network namespaces and a switch that delays,
+//!   drops, cuts and resets), for tests of ranks on separate hosts.
 //! - [`globals`]: code written against the global tracer or `tracing` macros, run per rank.
 //! - `otlp` (feature `otlp`): a real OTLP receiver (gRPC and HTTP/protobuf) on 127.0.0.1.
 #![warn(missing_docs)]
@@ -22,6 +24,7 @@ pub mod conformance;
 pub mod fake_gpu;
 mod fault;
 pub mod globals;
+pub mod hosts;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod process;
