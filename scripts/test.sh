@@ -57,6 +57,8 @@ timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored -
 
 step "simulated hosts (network namespaces, as root): the switch does what its links say"
 timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored
+step "lens-tcp across simulated hosts: clock offsets over asymmetric and jittery paths, a straggler behind a slow link, a host cut off, resets"
+timeout 300 cargo test -q -p lens-tcp --all-features --test hosts -- --ignored --skip hosts_child --test-threads=1
 
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored

@@ -83,6 +83,17 @@ pub trait Broadcaster: Send + Sync {
         None
     }
 
+    /// When the root's bytes reached this rank in its last round, where the backend knows
+    /// it and that was before the round returned: a relay that forwards them and waits for
+    /// acknowledgements (TCP's rank 0 in a round of another root, a tree's inner ranks)
+    /// returns a network round trip or more after it had them. Measuring clock offsets
+    /// ([`crate::clock`]) takes this instant, not the return, as the time the bytes came.
+    /// `None`, the default, where a round returns when the bytes come (collectives, the
+    /// in-process backend), on the root, and after a failed round.
+    fn received_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// How many rounds this rank has started, the one running included, where the backend
     /// counts them: a hang report ([`crate::hang`]) names the round that timed out by it.
     fn rounds_started(&self) -> Option<u64> {
@@ -195,6 +206,9 @@ macro_rules! forward_broadcaster {
             }
             fn take_arrivals(&self) -> Option<Arrivals> {
                 (**self).take_arrivals()
+            }
+            fn received_at(&self) -> Option<std::time::Instant> {
+                (**self).received_at()
             }
             fn rounds_started(&self) -> Option<u64> {
                 (**self).rounds_started()

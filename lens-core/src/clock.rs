@@ -11,6 +11,17 @@
 //! NTP does). The reference then broadcasts every rank's result, so every rank knows every
 //! offset.
 //!
+//! "Reached" is when the bytes came, not when the round returned: a relay (TCP's rank 0 in
+//! another root's round, a tree's inner ranks) forwards them and waits for the ranks below
+//! before it returns, which read as delay would bias the offset by half a round trip; where
+//! the backend knows the instant ([`Broadcaster::received_at`]) it is used.
+//!
+//! No method of two one-way messages can tell a path's asymmetry from a clock offset: with
+//! `d1 ≠ d2` the offset is off by `(d1 - d2) / 2`, always within the error bound. Across
+//! simulated hosts (lens-tcp's `tests/hosts.rs`, a host's clock shifted by libfaketime) the
+//! offset is off by at most half the asymmetry plus 100 µs (1 ms one way, 3 ms back), and
+//! by at most 100 µs over a symmetric 2 ms ± 0.2 ms path.
+//!
 //! Cost: `repetitions × (world_size - 1) × 2 + 1` broadcasts, once (at group formation, say)
 //! or at an interval the caller chooses; every rank must call it together.
 
@@ -87,6 +98,17 @@ pub async fn measure_clock_offsets_async(
     measure_with(b, reference, repetitions, &system_now_ns).await
 }
 
+/// When the bytes of the round that just returned reached this rank, on `now`'s clock: a
+/// relay that waited for acknowledgements after it had them returns a round trip or more
+/// later, which would read as a one-way delay and bias the offset by half of it
+/// ([`Broadcaster::received_at`]).
+fn came_at(b: &dyn Broadcaster, now: &dyn Fn() -> i128) -> i128 {
+    let t = now();
+    b.received_at().map_or(t, |at| {
+        t - i128::try_from(at.elapsed().as_nanos()).unwrap_or(0)
+    })
+}
+
 async fn measure_with(
     b: &dyn Broadcaster,
     reference: usize,
@@ -118,7 +140,7 @@ async fn measure_with(
             let t0 = now();
             let out = (me == reference).then(|| t0.to_le_bytes());
             let got = round(b, reference, out.as_ref().map(|a| &a[..])).await?;
-            let t1 = now();
+            let t1 = came_at(b, now);
             let t0 = read_i128(&got, 0)?;
             // Back: rank r's receive and send times.
             let back = (me == r).then(|| {
@@ -128,7 +150,7 @@ async fn measure_with(
                 v
             });
             let got = round(b, r, back.as_deref()).await?;
-            let t3 = now();
+            let t3 = came_at(b, now);
             if me == reference {
                 let (t1, t2) = (read_i128(&got, 0)?, read_i128(&got, 16)?);
                 let offset = ((t1 - t0) + (t2 - t3)) / 2;

@@ -493,6 +493,10 @@ impl Broadcaster for MpiBroadcaster {
         self.group.rounds_started()
     }
 
+    fn received_at(&self) -> Option<std::time::Instant> {
+        self.group.received_at()
+    }
+
     fn take_arrivals(&self) -> Option<lens_core::arrivals::Arrivals> {
         self.group.take_arrivals()
     }

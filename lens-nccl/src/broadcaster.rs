@@ -308,6 +308,10 @@ impl Broadcaster for NcclBroadcaster {
         self.group.rounds_started()
     }
 
+    fn received_at(&self) -> Option<std::time::Instant> {
+        self.group.received_at()
+    }
+
     fn take_arrivals(&self) -> Option<lens_core::arrivals::Arrivals> {
         self.group.take_arrivals()
     }

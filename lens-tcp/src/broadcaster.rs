@@ -327,6 +327,12 @@ impl Broadcaster for TcpBroadcaster {
         Arrivals::from_times(times).map(|a| a.with_voted(voted))
     }
 
+    /// When the data came, where this rank then forwarded it and waited for acks (and,
+    /// on the path to another root, rank 0's verdict) before the round returned.
+    fn received_at(&self) -> Option<std::time::Instant> {
+        self.state().received_at
+    }
+
     /// Carried in this rank's ack of its next round.
     fn carry_vote(&self, vote: bool) -> bool {
         self.state().vote = vote;

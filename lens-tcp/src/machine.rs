@@ -80,6 +80,9 @@ pub(crate) struct RoundMachine {
     arrivals: Vec<(usize, Instant)>,
     /// A root other than 0: the arrivals rank 0's DONE carried (ns after rank 0 came).
     told_arrivals: Vec<(usize, i64)>,
+    /// A rank other than the root: when the root's data reached it (it may wait for acks
+    /// and a verdict after that).
+    received_at: Option<Instant>,
     /// Ranks of this rank's subtree that voted (this rank's own vote, its children's acks);
     /// at a root other than 0, what rank 0's DONE named.
     voted: Vec<usize>,
@@ -122,6 +125,7 @@ impl RoundMachine {
             relayed: None,
             arrivals: Vec::new(),
             told_arrivals: Vec::new(),
+            received_at: None,
             voted: if vote { vec![me] } else { Vec::new() },
             outcome: None,
         };
@@ -147,6 +151,12 @@ impl RoundMachine {
     /// The outcome, once the round is over on this rank (taken: asked once).
     pub(crate) fn take_outcome(&mut self) -> Option<Outcome> {
         self.outcome.take()
+    }
+
+    /// When the root's data reached this rank (not the root), once the round delivered.
+    pub(crate) fn received_at(&self) -> Option<Instant> {
+        self.received_at
+            .filter(|_| matches!(self.outcome, Some(Outcome::Delivered(_))))
     }
 
     /// The root, once every rank has the data: when each came to the round, in ns after
@@ -432,6 +442,9 @@ impl RoundMachine {
     /// Down to the children.
     fn forward(&mut self, links: &mut impl Links, data: Vec<u8>, now: Instant) {
         self.arrivals.push((self.me, self.start));
+        if self.me != self.root {
+            self.received_at = Some(now);
+        }
         for c in self.tree.children(self.me) {
             if links.send(To::Rank(c), &Message::Data(Cow::Borrowed(&data))) {
                 self.waiting.insert(c);

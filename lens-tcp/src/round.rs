@@ -184,6 +184,7 @@ impl RankState {
         self.last_answers = m.answers().to_vec();
         self.arrivals = m.take_arrivals();
         self.voted = m.take_voted();
+        self.received_at = m.received_at();
         let after = m.elapsed(Instant::now());
         let outcome = m.take_outcome();
         if let Some(o) = &outcome {

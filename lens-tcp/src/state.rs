@@ -41,6 +41,9 @@ pub(crate) struct RankState {
     pub arrivals: Vec<(usize, i64)>,
     /// As the root of the last round: the ranks that voted to keep the step it ended.
     pub voted: Vec<usize>,
+    /// When the last round's data reached this rank, where that was before it returned
+    /// (`Broadcaster::received_at`).
+    pub received_at: Option<Instant>,
     /// This rank's vote, for its next round (`Broadcaster::carry_vote`).
     pub vote: bool,
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
@@ -138,6 +141,7 @@ impl RankState {
             pending: VecDeque::new(),
             arrivals: Vec::new(),
             voted: Vec::new(),
+            received_at: None,
             vote: false,
             last_answers: Vec::new(),
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },

@@ -97,6 +97,10 @@ impl<B: Broadcaster> Broadcaster for Faulty<B> {
         self.inner.rounds_started()
     }
 
+    fn received_at(&self) -> Option<std::time::Instant> {
+        self.inner.received_at()
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         for fault in &self.faults {
             if let Fault::Delay(d) = fault {

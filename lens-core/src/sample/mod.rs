@@ -455,6 +455,10 @@ impl<B: Broadcaster> Broadcaster for Sampled<B> {
         self.group.rounds_started()
     }
 
+    fn received_at(&self) -> Option<std::time::Instant> {
+        self.group.received_at()
+    }
+
     fn carry_vote(&self, vote: bool) -> bool {
         self.group.carry_vote(vote)
     }
