@@ -56,7 +56,7 @@ step "a real clock 2.5 s ahead (faketime): the demo exports a rank's spans on ra
 timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored --exact a_rank_2_5_s_ahead_is_exported_on_rank_0s_clock
 
 step "simulated hosts (network namespaces, as root): the switch does what its links say"
-timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored
+timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored --test-threads=1
 step "lens-tcp across simulated hosts: clock offsets over asymmetric and jittery paths, a straggler behind a slow link, a host cut off, resets"
 timeout 300 cargo test -q -p lens-tcp --all-features --test hosts -- --ignored --skip hosts_child --test-threads=1
 

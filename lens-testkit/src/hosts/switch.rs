@@ -187,17 +187,6 @@ impl Switch {
         let mut ready = Vec::with_capacity(n);
         let mut oversleep = Duration::ZERO;
         while !self.shared.stop.load(Ordering::Acquire) {
-            let generation = self.shared.generation.load(Ordering::Acquire);
-            if generation != seen_generation {
-                seen_generation = generation;
-                ports.clone_from(
-                    &self
-                        .shared
-                        .ports
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner),
-                );
-            }
             let now = Instant::now();
             // Wake early by what waking has overslept lately, then look without sleeping
             // until the packet is due: a sleep alone delivers tens of µs late on a VM.
@@ -217,6 +206,21 @@ impl Switch {
                     // A moving average over about eight wake-ups.
                     oversleep = (oversleep * 7 + over) / 8;
                 }
+            }
+            // A packet's delay counts from when it was read, not from before the wait.
+            let now = Instant::now();
+            // After the wait, not before: a packet sent after a change (a reset asked for,
+            // then a write) is read after it, so it must see it.
+            let generation = self.shared.generation.load(Ordering::Acquire);
+            if generation != seen_generation {
+                seen_generation = generation;
+                ports.clone_from(
+                    &self
+                        .shared
+                        .ports
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner),
+                );
             }
             for from in 0..n {
                 if !wait.is_zero() && !ready.get(from).copied().unwrap_or(false) {
@@ -255,13 +259,14 @@ impl Switch {
                         let ends = delivered.remove(&key).unwrap_or([None, None]);
                         let (a, b) = key;
                         let at = |addr| self.host_of(addr);
+                        // Counted first: whoever sees the reset may read the count at once.
+                        stats.resets.fetch_add(1, Ordering::Relaxed);
                         // ends[0]: delivered from a to b, so b expects it next.
                         for (seq, from_end, to_end) in [(ends[0], a, b), (ends[1], b, a)] {
                             if let (Some(seq), Some(host)) = (seq, at(to_end.0)) {
                                 let _ = (&self.devices[host]).write(&reset(from_end, to_end, seq));
                             }
                         }
-                        stats.resets.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     let mut due = now
@@ -291,12 +296,12 @@ impl Switch {
                 if let Some((key, slot, end)) = h.tcp {
                     note_delivered(&mut delivered, key, slot, end);
                 }
+                stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 let _ = (&self.devices[h.to]).write(&h.bytes);
                 let late = u64::try_from(now.saturating_duration_since(h.due).as_nanos())
                     .unwrap_or(u64::MAX);
                 stats.late_sum_ns.fetch_add(late, Ordering::Relaxed);
                 stats.late_max_ns.fetch_max(late, Ordering::Relaxed);
-                stats.forwarded.fetch_add(1, Ordering::Relaxed);
             }
             let cpu = u64::try_from(sys::thread_cpu().as_nanos()).unwrap_or(u64::MAX);
             stats.cpu_ns.store(cpu, Ordering::Relaxed);
