@@ -59,6 +59,8 @@ step "simulated hosts (network namespaces, as root): the switch does what its li
 timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored --test-threads=1
 step "lens-tcp across simulated hosts: clock offsets over asymmetric and jittery paths, a straggler behind a slow link, a host cut off, resets"
 timeout 300 cargo test -q -p lens-tcp --all-features --test hosts -- --ignored --skip hosts_child --test-threads=1
+step "the lens program on simulated hosts: bench and demo across hosts, a short soak (knocks, resets, plot)"
+timeout 400 cargo test -q -p lens --all-features --test cli_hosts -- --ignored --test-threads=1
 
 step "MPI program tests under mpirun"
 timeout 600 cargo test -p lens --all-features --test cli_mpi -- --ignored

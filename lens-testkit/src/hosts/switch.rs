@@ -18,7 +18,7 @@ use super::sys;
 /// How long the switch sleeps at most with nothing due, so that it sees a stop soon.
 const IDLE: Duration = Duration::from_millis(20);
 /// The most the switch wakes before a packet is due (and then looks without sleeping).
-const MAX_WAKE_AHEAD: Duration = Duration::from_micros(200);
+const MAX_WAKE_AHEAD: Duration = Duration::from_micros(50);
 /// A packet larger than any MTU the hosts' devices have.
 const MAX_PACKET: usize = 65_536;
 
@@ -171,6 +171,9 @@ impl Switch {
     /// Runs until the owner sets `stop`.
     pub(super) fn run(self) {
         sys::tight_timer_slack();
+        if let Err(e) = sys::real_time() {
+            tracing::debug!(error = %e, "the switch runs at the normal priority");
+        }
         let n = self.devices.len();
         let stats = &self.shared.stats;
         let mut ports: Vec<Port> = Vec::new();

@@ -124,3 +124,17 @@ pub(super) fn enter_netns(ns: &File) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Puts the calling thread in the real-time FIFO class at a low priority, so that the
+/// switch runs as soon as a packet is due even with every core busy with ranks (a switch
+/// has hardware of its own; this one shares the machine's cores). Root may; others get an
+/// error, and the switch runs at the normal priority.
+pub(super) fn real_time() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -42,6 +42,18 @@ pub(crate) enum Command {
     /// rank held, and rank 0's median ordinary step in each run with their ratio.
     #[command(verbatim_doc_comment)]
     SampleBench(SampleBenchArgs),
+    /// Leave a TCP job running on simulated hosts and watch what grows.
+    ///
+    /// --ranks processes on --hosts simulated hosts (network namespaces; needs root) run a
+    /// round every --every ms for --duration seconds, while a stranger on host 1 knocks at
+    /// rank 0's port and the switch resets a connection of host 1 every --reset-every
+    /// seconds. Every --sample-every seconds each rank reports its rounds' p50 and p99,
+    /// failures, RSS, descriptors and threads. Printed: the table, each series' slope and
+    /// whether it is flat; --svg writes a plot. Exits non-zero when a round failed or a
+    /// series grew.
+    #[cfg(feature = "tcp")]
+    #[command(verbatim_doc_comment)]
+    Soak(SoakArgs),
 }
 
 /// Which span the later stages' spans are children of.
@@ -132,6 +144,8 @@ pub(crate) struct DemoArgs {
     /// OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
     #[arg(long, value_name = "PROTOCOL", requires = "otlp")]
     pub(crate) otlp_protocol: Option<String>,
+    #[command(flatten)]
+    pub(crate) hosts: HostsArgs,
     /// Print this rank's spans as JSON lines (used when `lens demo` starts the ranks).
     #[arg(long, hide = true)]
     pub(crate) emit_spans: bool,
@@ -160,6 +174,8 @@ pub(crate) struct BenchArgs {
     /// is then rank 0's.
     #[arg(long)]
     pub(crate) processes: bool,
+    #[command(flatten)]
+    pub(crate) hosts: HostsArgs,
     /// Set by `--processes` on the ranks it starts: this process's rank.
     #[arg(long, hide = true)]
     pub(crate) rank: Option<usize>,
@@ -209,6 +225,50 @@ pub(crate) struct SampleBenchArgs {
     pub(crate) addr: Option<String>,
 }
 
+/// `lens soak`'s settings.
+#[cfg(feature = "tcp")]
+#[derive(Debug, clap::Args)]
+pub(crate) struct SoakArgs {
+    /// Rank processes.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) ranks: usize,
+    /// Simulated hosts they run on, in blocks (at least 2: the stranger and the resets are
+    /// on host 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=250))]
+    pub(crate) hosts: u32,
+    /// Every host's link, as `lens bench --link` takes it.
+    #[arg(long, default_value = "rtt=200us")]
+    pub(crate) link: Option<String>,
+    /// A round every this many ms (on a common tick of the wall clock).
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) every: f64,
+    /// How long, in seconds.
+    #[arg(long, default_value_t = 3600.0)]
+    pub(crate) duration: f64,
+    /// Each rank reports every this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub(crate) sample_every: f64,
+    /// How often a stranger connects to rank 0's port and sends bytes not of this job
+    /// (0: never).
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) knocks_per_sec: f64,
+    /// Every this many seconds the switch resets a connection of host 1.
+    #[arg(long, default_value_t = 60.0)]
+    pub(crate) reset_every: f64,
+    /// Write the plot (SVG) here.
+    #[arg(long)]
+    pub(crate) svg: Option<PathBuf>,
+    /// Set on the ranks it starts: this process's rank.
+    #[arg(long, hide = true)]
+    pub(crate) rank: Option<usize>,
+    /// Set on the ranks it starts: the group's size.
+    #[arg(long, hide = true)]
+    pub(crate) world: Option<usize>,
+    /// Set on the ranks it starts: rank 0's address.
+    #[arg(long, hide = true)]
+    pub(crate) addr: Option<String>,
+}
+
 /// Which run of `sample-bench` to make alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum OnlyArg {
@@ -216,6 +276,22 @@ pub(crate) enum OnlyArg {
     All,
     /// Through the step sampler.
     Sampled,
+}
+
+/// `--hosts` and `--link`, as `lens demo` and `lens bench` take them.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct HostsArgs {
+    /// Run the rank processes on this many simulated hosts (TCP): a network namespace
+    /// each with an address of its own, ranks placed in blocks (hosts 0..H get ranks
+    /// 0..N/H, ...). Needs root, /dev/net/tun and `ip`. Traffic between hosts crosses the
+    /// test kit's switch, with --link's delays.
+    #[arg(long, value_name = "H", value_parser = clap::value_parser!(u32).range(1..=250))]
+    pub(crate) hosts: Option<u32>,
+    /// Every host's link to the switch (with --hosts): `rtt=1ms` (the round trip between
+    /// two hosts), or `delay=` (each way), `send=`/`recv=` (asymmetric), `jitter=`,
+    /// `loss=`, `reset=` (a chance per TCP segment with data), comma-separated.
+    #[arg(long, value_name = "LINK", requires = "hosts")]
+    pub(crate) link: Option<String>,
 }
 
 /// A deadline given in seconds on the command line: positive and at most

@@ -38,6 +38,9 @@ pub(crate) fn run(backend: &dyn Backend, args: &BenchArgs) -> Result<(), String>
             backend.name()
         ));
     }
+    if args.hosts.hosts.is_some() && !(backend.name() == "tcp" && args.processes) {
+        return Err("--hosts applies to --backend tcp --processes".into());
+    }
     let cx = source_context();
     let plan = Plan {
         baselines: backend.baselines().len(),

@@ -15,6 +15,12 @@ use super::view;
 pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> {
     let timeout = secs_arg("--timeout", args.timeout)?;
     let steps = args.steps as usize;
+    if args.hosts.hosts.is_some() && backend.name() != "tcp" {
+        return Err(format!(
+            "--hosts applies to --backend tcp, not {}",
+            backend.name()
+        ));
+    }
     match backend.demo(args, timeout)? {
         DemoRun::Job(job) => finish(&job, args, backend.name(), steps),
         DemoRun::Rank { rank, run } => {

@@ -6,6 +6,8 @@
 //! - `backends/`: one file per backend, forming its groups and its raw baselines;
 //! - `launcher.rs`, `rank.rs`, `measure.rs`: what backends share (starting rank processes,
 //!   one rank's demo work, the bench method);
+//! - `soak.rs` (its plot in `plot.rs`): a TCP job left running on simulated hosts
+//!   (`hosts.rs`), sampled for growth;
 //! - `backend.rs`, `view.rs`, `record.rs`, `args.rs`: the trait, output, records, flags.
 
 mod args;
@@ -15,11 +17,17 @@ mod bench;
 mod demo;
 mod export;
 #[cfg(feature = "tcp")]
+mod hosts;
+#[cfg(feature = "tcp")]
 mod launcher;
 mod measure;
+#[cfg(feature = "tcp")]
+mod plot;
 mod rank;
 mod record;
 mod sample_bench;
+#[cfg(feature = "tcp")]
+mod soak;
 mod view;
 
 pub(crate) use args::Cli;
@@ -31,5 +39,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), String> {
         Command::Demo(args) => demo::run(backends::select(args.backend), &args),
         Command::Bench(args) => bench::run(backends::select(args.backend), &args),
         Command::SampleBench(args) => sample_bench::run(&args),
+        #[cfg(feature = "tcp")]
+        Command::Soak(args) => soak::run(&args),
     }
 }

@@ -2,7 +2,6 @@
 //! `--rank`), and the bench against a raw ZeroMQ ROUTER/DEALER exchange. The NCCL backend
 //! meets its ranks the same way (`nccl.rs`).
 
-use std::process::Command;
 use std::time::Duration;
 
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
@@ -11,6 +10,7 @@ use lens::testkit::{Corruption, Fault, Faulty};
 use super::super::args::{BenchArgs, DemoArgs, ParentArg, secs_arg};
 use super::super::backend::{Backend, BenchReport, DemoRun};
 use super::super::export::OtlpChoice;
+use super::super::hosts::Placement;
 use super::super::launcher;
 use super::super::measure::{Measured, Plan, on_threads};
 use super::super::rank::{RankJob, run_one_rank};
@@ -140,10 +140,11 @@ pub(crate) fn join(
 pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Result<Job, String> {
     let n = args.ranks as usize;
     let steps = args.steps;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free loopback port: {e}"))?
-        .port();
+    if args.hosts.hosts.is_some() && backend != "tcp" {
+        return Err(format!("--hosts applies to --backend tcp, not {backend}"));
+    }
+    let place = Placement::new(&args.hosts, n)?;
+    let addr = place.rendezvous();
     let key = KeyFile::new(&random_hex(32)?)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let parent = match args.parent {
@@ -151,11 +152,11 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
         ParentArg::Remote => "remote",
     };
     let command = |rank: usize| {
-        let mut c = Command::new(&exe);
+        let mut c = place.command(rank, &exe);
         c.args(["demo", "--backend", backend, "--emit-spans", "--quiet"])
             .args(["--device", &rank.to_string()])
             .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
-            .args(["--addr", &format!("127.0.0.1:{port}")])
+            .args(["--addr", &addr])
             .args(["--steps", &steps.to_string(), "--parent", parent])
             .args(["--timeout", &args.timeout.to_string()])
             .args(
@@ -163,8 +164,6 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
                     .iter()
                     .flat_map(|spec| ["--inject", spec.as_str()]),
             )
-            // One host: a rank's local rank is its rank, as torchrun would say.
-            .env("LOCAL_RANK", rank.to_string())
             .env(lens::tcp::env::KEY_FILE, &key.0)
             .env_remove(lens::tcp::env::KEY);
         c

@@ -18,7 +18,6 @@
 //! rank's).
 
 use std::io::{BufRead as _, BufReader, Read};
-use std::process::Command;
 use std::time::Duration;
 
 use lens::blocking;
@@ -27,6 +26,7 @@ use serde_json::json;
 
 use super::super::args::BenchArgs;
 use super::super::backend::BenchReport;
+use super::super::hosts::Placement;
 use super::super::launcher::{reason_of, run_collect};
 use super::super::measure::{Measured, Plan, Timed, run_rank, slowest};
 use super::tcp::{KeyFile, random_hex};
@@ -112,13 +112,15 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     let down = socket(&ctx, zmq::ROUTER)?;
     let bar_down = socket(&ctx, zmq::ROUTER)?;
     // This rank's line of the directory: its raw tree's address, then its barrier's.
-    let mine = format!("{} {}", bound(&down)?, bound(&bar_down)?);
+    // Where the other ranks reach this one: its simulated host's address, else loopback.
+    let host = std::env::var(lens::tcp::env::HOST).unwrap_or_else(|_| "127.0.0.1".into());
+    let mine = format!("{} {}", bound(&down, &host)?, bound(&bar_down, &host)?);
     // The directory: every rank's line, through rank 0 (a star used once).
     // The directory's socket lives as long as the rank: dropped at once (linger 0), it could
     // take the table with it before it left.
     let (table, _directory): (Vec<String>, zmq::Socket) = if rank == 0 {
         let socket = socket(&ctx, zmq::ROUTER)?;
-        let at = bound(&socket)?;
+        let at = bound(&socket, &host)?;
         blocking::broadcast(&lens, 0, Some(at.as_bytes())).map_err(|e| e.to_string())?;
         let mut table = vec![String::new(); n];
         table[0] = mine;
@@ -194,14 +196,13 @@ fn read_rank_line(r: BufReader<Box<dyn Read + Send>>) -> Printed {
 pub(crate) fn bench(args: &BenchArgs, baselines: &[&'static str]) -> Result<BenchReport, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut groups = Vec::new();
+    let mut places = Vec::new();
     for &n in &args.ranks {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free loopback port: {e}"))?
-            .port();
+        let place = Placement::new(&args.hosts, n)?;
+        let addr = place.rendezvous();
         let key = KeyFile::new(&random_hex(32)?)?;
         let command = |rank: usize| {
-            let mut c = Command::new(&exe);
+            let mut c = place.command(rank, &exe);
             c.args([
                 "bench",
                 "--backend",
@@ -210,7 +211,7 @@ pub(crate) fn bench(args: &BenchArgs, baselines: &[&'static str]) -> Result<Benc
                 &args.iters.to_string(),
             ])
             .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
-            .args(["--addr", &format!("127.0.0.1:{port}")])
+            .args(["--addr", &addr])
             .env(lens::tcp::env::KEY_FILE, &key.0)
             .env_remove(lens::tcp::env::KEY);
             if let Some(k) = args.fan_out {
@@ -248,13 +249,15 @@ pub(crate) fn bench(args: &BenchArgs, baselines: &[&'static str]) -> Result<Benc
         );
         m.cpu_all_us = cpu_all_us;
         groups.push(m);
+        places.push(place.describe());
     }
     let shape = args
         .fan_out
         .map_or("a star".to_owned(), |k| format!("a tree of fan-out {k}"));
     Ok(BenchReport {
         setting: format!(
-            "loopback, one process per rank, lens and raw as {shape}; cpu_us is rank 0's, cpu_all every rank's together"
+            "{}, one process per rank, lens and raw as {shape}; cpu_us is rank 0's, cpu_all every rank's together",
+            places.join("; ")
         ),
         groups,
     })

@@ -64,8 +64,9 @@ pub(crate) fn socket(ctx: &zmq::Context, kind: zmq::SocketType) -> Result<zmq::S
     Ok(s)
 }
 
-pub(crate) fn bound(s: &zmq::Socket) -> Result<String, String> {
-    s.bind("tcp://127.0.0.1:0").map_err(zerr)?;
+/// Binds `s` to an ephemeral port of `host` (this rank's address) and returns its endpoint.
+pub(crate) fn bound(s: &zmq::Socket, host: &str) -> Result<String, String> {
+    s.bind(&format!("tcp://{host}:0")).map_err(zerr)?;
     s.get_last_endpoint()
         .map_err(zerr)?
         .map_err(|_| "no endpoint".to_string())
@@ -140,7 +141,7 @@ pub(crate) fn in_process(n: usize, k: usize) -> Result<Vec<RawTree>, String> {
     let mut endpoints = Vec::with_capacity(n);
     for ctx in &ctxs {
         let down = socket(ctx, zmq::ROUTER)?;
-        endpoints.push(bound(&down)?);
+        endpoints.push(bound(&down, "127.0.0.1")?);
         downs.push(down);
     }
     let mut ups = vec![None];

@@ -1,0 +1,447 @@
+//! `lens soak`: a TCP job left running, to see what grows. Rank processes on simulated
+//! hosts run a round every `--every` ms (on a common tick of the wall clock), while a
+//! stranger on host 1 knocks at rank 0's port and the switch resets a connection of host 1
+//! every `--reset-every` seconds. Each rank reports every `--sample-every` seconds: its
+//! rounds' p50 and p99, failures, RSS, open descriptors and threads. The run ends with the
+//! table, each series' slope (least squares, first sample left out as warm-up), a verdict
+//! per series, and an SVG plot with `--svg`.
+
+use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lens::blocking;
+use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
+use lens::testkit::hosts::{Link, Network};
+use serde_json::json;
+
+use super::args::SoakArgs;
+use super::backends::tcp_key;
+use super::hosts::Placement;
+use super::launcher::{reason_of, run_collect};
+use super::plot;
+
+/// What a rank prints each sample.
+const SAMPLE_LINE: &str = "lens-soak ";
+
+/// One rank's report for one sample period.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sample {
+    pub(crate) rounds: u64,
+    pub(crate) failed: u64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) rss_kib: f64,
+    pub(crate) fds: f64,
+    pub(crate) threads: f64,
+}
+
+impl Sample {
+    fn to_json(self) -> String {
+        json!({
+            "rounds": self.rounds, "failed": self.failed, "p50_us": self.p50_us,
+            "p99_us": self.p99_us, "rss_kib": self.rss_kib, "fds": self.fds,
+            "threads": self.threads,
+        })
+        .to_string()
+    }
+
+    fn from_json(text: &str) -> Option<Sample> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+        Some(Sample {
+            rounds: v.get("rounds")?.as_u64()?,
+            failed: v.get("failed")?.as_u64()?,
+            p50_us: f("p50_us")?,
+            p99_us: f("p99_us")?,
+            rss_kib: f("rss_kib")?,
+            fds: f("fds")?,
+            threads: f("threads")?,
+        })
+    }
+}
+
+pub(crate) fn run(args: &SoakArgs) -> Result<(), String> {
+    if let Some(rank) = args.rank {
+        return rank_main(args, rank);
+    }
+    if args.ranks < 2 {
+        return Err(format!(
+            "--ranks {}: a group has at least 2 ranks",
+            args.ranks
+        ));
+    }
+    let hosts = super::args::HostsArgs {
+        hosts: Some(args.hosts),
+        link: args.link.clone(),
+    };
+    let place = Placement::new(&hosts, args.ranks)?;
+    let net = place.network().ok_or("the soak runs on simulated hosts")?;
+    let link =
+        Link::parse(args.link.as_deref().unwrap_or("")).map_err(|e| format!("--link: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let key = tcp_key()?;
+    let addr = place.rendezvous();
+    let command = |rank: usize| {
+        let mut c = place.command(rank, &exe);
+        c.args([
+            "soak",
+            "--rank",
+            &rank.to_string(),
+            "--world",
+            &args.ranks.to_string(),
+        ])
+        .args(["--addr", &addr, "--every", &args.every.to_string()])
+        .args(["--duration", &args.duration.to_string()])
+        .args(["--sample-every", &args.sample_every.to_string()])
+        .env(lens::tcp::env::KEY_FILE, &key.0)
+        .env_remove(lens::tcp::env::KEY);
+        c
+    };
+    let (stop, knocks) = (&AtomicBool::new(false), &AtomicU64::new(0));
+    let deadline = Duration::from_secs_f64(args.duration) + Duration::from_secs(120);
+    println!(
+        "lens soak: {} ranks on {} simulated hosts, a round every {} ms for {} s; a stranger \
+         knocks {} times a second; a connection of host 1 reset every {} s",
+        args.ranks, args.hosts, args.every, args.duration, args.knocks_per_sec, args.reset_every
+    );
+    let (exited, resets) = std::thread::scope(|s| {
+        let rank0: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+        let stranger = (args.knocks_per_sec > 0.0)
+            .then(|| s.spawn(move || knock(net, rank0, args.knocks_per_sec, stop, knocks)));
+        let resetter = s.spawn(|| reset_host_1(net, link, args.reset_every, stop));
+        let exited = run_collect(args.ranks, command, deadline, read_samples);
+        stop.store(true, Ordering::Release);
+        if let Some(t) = stranger {
+            t.join().map_err(|_| "the stranger's thread failed")??;
+        }
+        let resets = resetter
+            .join()
+            .map_err(|_| "the resetter's thread failed")?;
+        Ok::<_, String>((exited?, resets))
+    })?;
+    let mut per_rank = Vec::with_capacity(exited.len());
+    for (rank, e) in exited.into_iter().enumerate() {
+        if !e.ok {
+            return Err(format!("rank {rank}: {}", reason_of(rank, &e.stderr)));
+        }
+        per_rank.push(e.out);
+    }
+    let rows = combine(&per_rank);
+    let stats = net.stats();
+    println!(
+        "{} knocks, {resets} connections reset by the switch ({} in all), {} packets through it",
+        knocks.load(Ordering::Relaxed),
+        stats.resets,
+        stats.forwarded
+    );
+    let verdict = print_table(&rows, args.sample_every);
+    if let Some(path) = &args.svg {
+        let svg = plot::soak_svg(&rows, args.sample_every);
+        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("plot: {}", path.display());
+    }
+    verdict
+}
+
+/// A stranger on host 1: connects to rank 0's port `per_sec` times a second, sends bytes
+/// that are not lens's and leaves.
+fn knock(
+    net: &Network,
+    to: SocketAddr,
+    per_sec: f64,
+    stop: &AtomicBool,
+    count: &AtomicU64,
+) -> Result<(), String> {
+    net.hosts()[1]
+        .enter()
+        .map_err(|e| format!("the stranger cannot enter host 1: {e}"))?;
+    let gap = Duration::from_secs_f64(1.0 / per_sec);
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        if let Ok(mut c) = TcpStream::connect_timeout(&to, Duration::from_millis(200)) {
+            let _ = c.write_all(b"LENS\x01\x00\x00\x00not a frame of this job");
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        next += gap;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    Ok(())
+}
+
+/// Every `every` seconds, makes host 1's link reset the next TCP segment with data that
+/// crosses it, then puts the link back; returns how many it reset.
+fn reset_host_1(net: &Network, link: Link, every: f64, stop: &AtomicBool) -> u64 {
+    let mut done = 0;
+    let mut next = Instant::now() + Duration::from_secs_f64(every);
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() < next {
+            continue;
+        }
+        let before = net.stats().resets;
+        net.set_link(1, link.reset(1.0));
+        let until = Instant::now() + Duration::from_secs(2);
+        while net.stats().resets == before && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        net.set_link(1, link);
+        done += net.stats().resets - before;
+        next += Duration::from_secs_f64(every);
+    }
+    done
+}
+
+fn read_samples(r: BufReader<Box<dyn Read + Send>>) -> Vec<Sample> {
+    r.lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix(SAMPLE_LINE).and_then(Sample::from_json))
+        .collect()
+}
+
+/// Per sample period: rounds and failures of all ranks, rank 0's p50 and p99, and the
+/// largest RSS, descriptors and threads of any rank.
+fn combine(per_rank: &[Vec<Sample>]) -> Vec<Sample> {
+    let n = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+    (0..n)
+        .map(|i| {
+            let all = per_rank.iter().map(|r| r[i]);
+            let max = |f: fn(&Sample) -> f64| all.clone().map(|s| f(&s)).fold(0.0, f64::max);
+            Sample {
+                rounds: all.clone().map(|s| s.rounds).sum(),
+                failed: all.clone().map(|s| s.failed).sum(),
+                p50_us: per_rank[0][i].p50_us,
+                p99_us: per_rank[0][i].p99_us,
+                rss_kib: max(|s| s.rss_kib),
+                fds: max(|s| s.fds),
+                threads: max(|s| s.threads),
+            }
+        })
+        .collect()
+}
+
+/// Least-squares slope of `ys` per sample.
+pub(crate) fn slope(ys: &[f64]) -> f64 {
+    let n = ys.len() as f64;
+    if ys.len() < 2 {
+        return 0.0;
+    }
+    let mx = (n - 1.0) / 2.0;
+    let my = ys.iter().sum::<f64>() / n;
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, y) in ys.iter().enumerate() {
+        let dx = i as f64 - mx;
+        num += dx * (y - my);
+        den += dx * dx;
+    }
+    num / den
+}
+
+/// Prints the table and each series' slope and verdict; an error when a round failed or a
+/// series grew past its allowance over the run.
+fn print_table(rows: &[Sample], sample_every: f64) -> Result<(), String> {
+    println!("\n| at (s) | rounds | failed | p50 µs | p99 µs | RSS MiB | fds | threads |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (i, r) in rows.iter().enumerate() {
+        println!(
+            "| {:.0} | {} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} |",
+            (i + 1) as f64 * sample_every,
+            r.rounds,
+            r.failed,
+            r.p50_us,
+            r.p99_us,
+            r.rss_kib / 1024.0,
+            r.fds,
+            r.threads
+        );
+    }
+    // The first period includes the join and the first allocations: left out.
+    let steady = rows.get(1..).unwrap_or(&[]);
+    if steady.len() < 3 {
+        return Err(format!(
+            "{} samples after the first: too few to judge a slope (run longer)",
+            steady.len()
+        ));
+    }
+    let span = (steady.len() - 1) as f64;
+    let mut bad = Vec::new();
+    // (series, value, what growth over the run is allowed: absolute, and a share of the mean)
+    let series: [(&str, fn(&Sample) -> f64, f64, f64); 5] = [
+        ("p50 µs", |s| s.p50_us, 0.0, 0.25),
+        ("p99 µs", |s| s.p99_us, 0.0, 0.5),
+        ("RSS KiB", |s| s.rss_kib, 1024.0, 0.05),
+        ("fds", |s| s.fds, 2.0, 0.0),
+        ("threads", |s| s.threads, 1.0, 0.0),
+    ];
+    println!();
+    for (name, f, abs, share) in series {
+        let ys: Vec<f64> = steady.iter().map(f).collect();
+        let mean = ys.iter().sum::<f64>() / ys.len() as f64;
+        let growth = slope(&ys) * span;
+        let allowed = abs + share * mean;
+        let flat = growth <= allowed;
+        println!(
+            "{name}: mean {mean:.1}, slope {:.3} per sample, {growth:+.1} over the run (allowed {allowed:.1}): {}",
+            slope(&ys),
+            if flat { "flat" } else { "GROWS" }
+        );
+        if !flat {
+            bad.push(name);
+        }
+    }
+    let failed: u64 = rows.iter().map(|r| r.failed).sum();
+    if failed > 0 {
+        bad.push("rounds (some failed)");
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the soak found growth or failures in: {}",
+            bad.join(", ")
+        ))
+    }
+}
+
+/// One rank process of the soak.
+fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
+    let (Some(n), Some(addr)) = (args.world, &args.addr) else {
+        return Err("a soak rank needs --world and --addr".into());
+    };
+    let group = TcpConfigBuilder::from_env()
+        .rank(rank)
+        .world_size(n)
+        .addr(addr.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .and_then(TcpBroadcaster::connect)
+        .map_err(|e| format!("rank {rank}: {e}"))?;
+    let every = Duration::from_secs_f64(args.every / 1000.0);
+    let period = Duration::from_secs_f64(args.sample_every);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(args.duration);
+    let payload = [7u8; 200];
+    let mut times: Vec<f64> = Vec::new();
+    let mut failed = 0u64;
+    let mut next_sample = start + period;
+    let mut stdout = std::io::stdout();
+    while Instant::now() < end {
+        sleep_to_next_tick(every);
+        let t = Instant::now();
+        match blocking::broadcast(&group, 0, (rank == 0).then_some(&payload[..])) {
+            Ok(_) => times.push(t.elapsed().as_secs_f64() * 1e6),
+            // Counted in the sample; the table shows where.
+            Err(_) => failed += 1,
+        }
+        if Instant::now() >= next_sample {
+            times.sort_by(f64::total_cmp);
+            let q = |p: f64| {
+                times
+                    .get(((times.len() as f64 - 1.0) * p).round() as usize)
+                    .copied()
+                    .unwrap_or(0.0)
+            };
+            let (rss_kib, threads) = own_status();
+            let sample = Sample {
+                rounds: times.len() as u64 + failed,
+                failed,
+                p50_us: q(0.5),
+                p99_us: q(0.99),
+                rss_kib,
+                fds: std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count) as f64,
+                threads,
+            };
+            // One write per line: ranks' lines must not interleave.
+            let _ = stdout.write_all(format!("{SAMPLE_LINE}{}\n", sample.to_json()).as_bytes());
+            let _ = stdout.flush();
+            times.clear();
+            failed = 0;
+            next_sample += period;
+        }
+    }
+    Ok(())
+}
+
+/// This process's resident memory (KiB) and thread count, from /proc.
+fn own_status() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
+/// Sleeps until the wall clock's next multiple of `every`: every rank's round starts at
+/// once, as a training step's does.
+fn sleep_to_next_tick(every: Duration) {
+    let Some(e) = u64::try_from(every.as_nanos()).ok().filter(|&e| e > 0) else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0));
+    std::thread::sleep(Duration::from_nanos(e - now % e));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slopes_of_lines_and_noise() {
+        let rows: &[(&[f64], f64, &str)] = &[
+            (&[1.0, 2.0, 3.0, 4.0], 1.0, "a line"),
+            (&[5.0, 5.0, 5.0], 0.0, "flat"),
+            (&[3.0, 1.0, 3.0, 1.0, 3.0], 0.0, "noise around a level"),
+            (&[4.0], 0.0, "one point has no slope"),
+        ];
+        for (ys, want, why) in rows {
+            assert!((slope(ys) - want).abs() < 1e-9, "{why}: {}", slope(ys));
+        }
+    }
+
+    #[test]
+    fn samples_read_back() {
+        let s = Sample {
+            rounds: 6000,
+            failed: 1,
+            p50_us: 310.0,
+            p99_us: 900.5,
+            rss_kib: 8000.0,
+            fds: 21.0,
+            threads: 5.0,
+        };
+        let back = Sample::from_json(&s.to_json()).expect("reads back");
+        assert_eq!(
+            (back.rounds, back.failed, back.p99_us, back.fds),
+            (6000, 1, 900.5, 21.0)
+        );
+        assert!(Sample::from_json("{}").is_none());
+    }
+
+    #[test]
+    fn a_growing_series_fails_the_verdict() {
+        let row = |rss: f64| Sample {
+            rounds: 100,
+            p50_us: 300.0,
+            p99_us: 800.0,
+            rss_kib: rss,
+            fds: 20.0,
+            threads: 5.0,
+            ..Sample::default()
+        };
+        let flat: Vec<Sample> = (0..6).map(|_| row(8000.0)).collect();
+        assert!(print_table(&flat, 60.0).is_ok());
+        let leak: Vec<Sample> = (0..6)
+            .map(|i| row(8000.0 + 2000.0 * f64::from(i)))
+            .collect();
+        let e = print_table(&leak, 60.0).expect_err("RSS grows 2 MiB a sample");
+        assert!(e.contains("RSS"), "{e}");
+    }
+}
