@@ -156,6 +156,8 @@ struct Sim {
     outcomes: Vec<Option<Outcome>>,
     /// What each machine's `take_voted` said as its round ended.
     voted: Vec<Vec<usize>>,
+    /// What each machine's `received_at` said as its round ended.
+    received: Vec<Option<Instant>>,
     dead: Vec<bool>,
     now: Instant,
 }
@@ -193,6 +195,7 @@ impl Sim {
             machines,
             outcomes: vec![None; n],
             voted: vec![Vec::new(); n],
+            received: vec![None; n],
             dead: vec![false; n],
             now,
         };
@@ -211,14 +214,16 @@ impl Sim {
     }
 
     fn collect(&mut self) {
-        for ((m, o), v) in self
+        for (((m, o), v), r) in self
             .machines
             .iter_mut()
             .zip(&mut self.outcomes)
             .zip(&mut self.voted)
+            .zip(&mut self.received)
         {
             if o.is_none() {
                 *v = m.take_voted();
+                *r = m.received_at();
                 *o = m.take_outcome();
             }
         }
@@ -496,7 +501,12 @@ proptest! {
         let end = Instant::now() + Duration::from_secs(3600);
         for (rank, o) in sim.outcomes.iter().enumerate() {
             match o {
-                Some(Outcome::Delivered(p)) => prop_assert_eq!(p, &sim.payload, "rank {}", rank),
+                Some(Outcome::Delivered(p)) => {
+                    prop_assert_eq!(p, &sim.payload, "rank {}", rank);
+                    // When the data came, for the clock measurement: every rank but the
+                    // root knows it.
+                    prop_assert_eq!(sim.received[rank].is_some(), rank != root, "rank {}", rank);
+                }
                 Some(Outcome::Missing(m)) => prop_assert!(m.iter().all(|&r| r < n), "rank {rank}: {m:?}"),
                 Some(Outcome::WrongRoot(_)) => prop_assert!(false, "rank {rank}: a forged root ended the round"),
                 None => prop_assert!(false, "rank {rank} never finished"),
