@@ -172,6 +172,19 @@ fn bad_hosts_settings_are_refused_in_one_line() {
             "--processes",
             "threads cannot be on hosts",
         ),
+        (
+            &[
+                "demo",
+                "--backend",
+                "tcp",
+                "--hosts",
+                "2",
+                "--otlp",
+                "http://127.0.0.1:4318",
+            ],
+            "cannot reach a collector",
+            "the hosts have no route out",
+        ),
     ];
     for (args, says, why) in cases {
         let run = lens(args, Duration::from_secs(60));

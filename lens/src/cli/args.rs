@@ -45,7 +45,7 @@ pub(crate) enum Command {
     /// Leave a TCP job running on simulated hosts and watch what grows.
     ///
     /// --ranks processes on --hosts simulated hosts (network namespaces; needs root) run a
-    /// round every --every ms for --duration seconds, while a stranger on host 1 knocks at
+    /// round every --every ms for --duration seconds, while a stranger on host 0 knocks at
     /// rank 0's port and the switch resets a connection of host 1 every --reset-every
     /// seconds. Every --sample-every seconds each rank reports its rounds' p50 and p99,
     /// failures, RSS, descriptors and threads. Printed: the table, each series' slope and
@@ -232,8 +232,8 @@ pub(crate) struct SoakArgs {
     /// Rank processes.
     #[arg(long, default_value_t = 4)]
     pub(crate) ranks: usize,
-    /// Simulated hosts they run on, in blocks (at least 2: the stranger and the resets are
-    /// on host 1).
+    /// Simulated hosts they run on, in blocks (at least 2: the resets are on host 1's
+    /// link).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=250))]
     pub(crate) hosts: u32,
     /// Every host's link, as `lens bench --link` takes it.

@@ -1,6 +1,6 @@
 //! `lens soak`: a TCP job left running, to see what grows. Rank processes on simulated
 //! hosts run a round every `--every` ms (on a common tick of the wall clock), while a
-//! stranger on host 1 knocks at rank 0's port and the switch resets a connection of host 1
+//! stranger on host 0 knocks at rank 0's port and the switch resets a connection of host 1
 //! every `--reset-every` seconds. Each rank reports every `--sample-every` seconds: its
 //! rounds' p50 and p99, failures, RSS, open descriptors and threads. The run ends with the
 //! table, each series' slope (least squares, first sample left out as warm-up), a verdict
@@ -145,8 +145,9 @@ pub(crate) fn run(args: &SoakArgs) -> Result<(), String> {
     verdict
 }
 
-/// A stranger on host 1: connects to rank 0's port `per_sec` times a second, sends bytes
-/// that are not lens's and leaves.
+/// A stranger on host 0 (rank 0's): connects to rank 0's port `per_sec` times a second,
+/// sends bytes that are not lens's and leaves. Its traffic stays on host 0, so the resets
+/// on host 1's link hit only the job's connections.
 fn knock(
     net: &Network,
     to: SocketAddr,
@@ -154,9 +155,9 @@ fn knock(
     stop: &AtomicBool,
     count: &AtomicU64,
 ) -> Result<(), String> {
-    net.hosts()[1]
+    net.hosts()[0]
         .enter()
-        .map_err(|e| format!("the stranger cannot enter host 1: {e}"))?;
+        .map_err(|e| format!("the stranger cannot enter host 0: {e}"))?;
     let gap = Duration::from_secs_f64(1.0 / per_sec);
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
@@ -318,15 +319,15 @@ fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
         .and_then(TcpBroadcaster::connect)
         .map_err(|e| format!("rank {rank}: {e}"))?;
     let every = Duration::from_secs_f64(args.every / 1000.0);
-    let period = Duration::from_secs_f64(args.sample_every);
-    let start = Instant::now();
-    let end = start + Duration::from_secs_f64(args.duration);
+    // Every rank runs the same rounds and samples after the same ones: counted, not timed,
+    // so that no rank stops a round before the others (which would fail their last).
+    let rounds = (args.duration * 1000.0 / args.every).round() as u64;
+    let per_sample = ((args.sample_every * 1000.0 / args.every).round() as u64).max(1);
     let payload = [7u8; 200];
     let mut times: Vec<f64> = Vec::new();
     let mut failed = 0u64;
-    let mut next_sample = start + period;
     let mut stdout = std::io::stdout();
-    while Instant::now() < end {
+    for k in 1..=rounds {
         sleep_to_next_tick(every);
         let t = Instant::now();
         match blocking::broadcast(&group, 0, (rank == 0).then_some(&payload[..])) {
@@ -334,7 +335,7 @@ fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
             // Counted in the sample; the table shows where.
             Err(_) => failed += 1,
         }
-        if Instant::now() >= next_sample {
+        if k % per_sample == 0 {
             times.sort_by(f64::total_cmp);
             let q = |p: f64| {
                 times
@@ -357,7 +358,6 @@ fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
             let _ = stdout.flush();
             times.clear();
             failed = 0;
-            next_sample += period;
         }
     }
     Ok(())

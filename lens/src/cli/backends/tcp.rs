@@ -143,6 +143,13 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
     if args.hosts.hosts.is_some() && backend != "tcp" {
         return Err(format!("--hosts applies to --backend tcp, not {backend}"));
     }
+    if args.hosts.hosts.is_some() && args.otlp.is_some() {
+        // Their namespaces have no route out, by design.
+        return Err(
+            "--otlp with --hosts: the simulated hosts cannot reach a collector on this machine"
+                .into(),
+        );
+    }
     let place = Placement::new(&args.hosts, n)?;
     let addr = place.rendezvous();
     let key = KeyFile::new(&random_hex(32)?)?;
