@@ -30,8 +30,8 @@ apt_install() {
 # lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
 # The OTLP collector test (rotel-agent) and the Python package: PyPI, in a venv made here.
-# The clock test runs one rank under libfaketime.
-apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv faketime
+# The clock test runs one rank under libfaketime; the simulated hosts need ip (iproute2).
+apt_install g++ make libopenmpi-dev openmpi-bin libclang-dev clang python3-venv faketime iproute2
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
