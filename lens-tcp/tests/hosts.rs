@@ -388,19 +388,6 @@ fn connections_reset_across_hosts_cost_no_round_in_1000() {
     );
 }
 
-/// Sleeps until the wall clock's next multiple of `every`: the ranks share this machine's
-/// clock (no faketime in these tests), so each round starts on every rank at once, as a
-/// training step does, and a rank is late only by what its host and link make it.
-fn sleep_to_next_tick(every: Duration) {
-    let Some(e) = u64::try_from(every.as_nanos()).ok().filter(|&e| e > 0) else {
-        return;
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0));
-    std::thread::sleep(Duration::from_nanos(e - now % e));
-}
-
 /// One rank of the tests above: what `LENS_HOSTS_TASK` says, configured from the
 /// environment as torchrun would.
 #[test]
@@ -458,7 +445,10 @@ fn hosts_child() {
                 if let Some(a) = group.take_arrivals() {
                     println!("arrivals {k} {} {}", a.last_rank, a.spread_ns);
                 }
-                sleep_to_next_tick(every);
+                // The ranks share this machine's clock (no faketime in these tests): each
+                // round starts on every rank at once, and a rank is late only by what its
+                // host and link make it.
+                lens_testkit::sleep_to_next_tick(every);
             }
         }
         other => panic!("unknown task {other:?}"),

@@ -34,6 +34,20 @@ pub use fault::{Corruption, Fault, Faulty};
 /// The in-process backend (`lens-local`), re-exported: the test kit builds on it.
 pub use lens_local::{DEFAULT_ROUND_TIMEOUT, LocalBroadcaster, LocalCluster};
 
+/// Sleeps until the wall clock's next whole multiple of `every` (at once for a zero
+/// `every`): ranks in processes on one machine that each call it before a round start the
+/// round together, as the ranks of a training step do, so that a rank comes late only by
+/// what its own host, link or fault make it.
+pub fn sleep_to_next_tick(every: std::time::Duration) {
+    let Some(e) = u64::try_from(every.as_nanos()).ok().filter(|&e| e > 0) else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0));
+    std::thread::sleep(std::time::Duration::from_nanos(e - now % e));
+}
+
 /// Runs `f` on every rank at once, one thread each, and returns the results in rank order:
 /// for backends whose `broadcast` blocks its thread (TCP, NCCL), where one thread cannot
 /// drive every rank. A panic on a rank's thread is raised again here.

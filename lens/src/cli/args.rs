@@ -176,15 +176,8 @@ pub(crate) struct BenchArgs {
     pub(crate) processes: bool,
     #[command(flatten)]
     pub(crate) hosts: HostsArgs,
-    /// Set by `--processes` on the ranks it starts: this process's rank.
-    #[arg(long, hide = true)]
-    pub(crate) rank: Option<usize>,
-    /// Set by `--processes` on the ranks it starts: the group's size.
-    #[arg(long, hide = true)]
-    pub(crate) world: Option<usize>,
-    /// Set by `--processes` on the ranks it starts: rank 0's address.
-    #[arg(long, hide = true)]
-    pub(crate) addr: Option<String>,
+    #[command(flatten)]
+    pub(crate) spawned: SpawnedRank,
 }
 
 #[derive(Debug, clap::Args)]
@@ -214,15 +207,8 @@ pub(crate) struct SampleBenchArgs {
     /// `valgrind --tool=callgrind`, one run per process).
     #[arg(long, value_enum)]
     pub(crate) only: Option<OnlyArg>,
-    /// Set on the TCP ranks it starts: this process's rank.
-    #[arg(long, hide = true)]
-    pub(crate) rank: Option<usize>,
-    /// Set on the TCP ranks it starts: the group's size.
-    #[arg(long, hide = true)]
-    pub(crate) world: Option<usize>,
-    /// Set on the TCP ranks it starts: rank 0's address.
-    #[arg(long, hide = true)]
-    pub(crate) addr: Option<String>,
+    #[command(flatten)]
+    pub(crate) spawned: SpawnedRank,
 }
 
 /// `lens soak`'s settings.
@@ -258,13 +244,21 @@ pub(crate) struct SoakArgs {
     /// Write the plot (SVG) here.
     #[arg(long)]
     pub(crate) svg: Option<PathBuf>,
-    /// Set on the ranks it starts: this process's rank.
+    #[command(flatten)]
+    pub(crate) spawned: SpawnedRank,
+}
+
+/// What a command sets on the rank processes it starts (`bench --processes`,
+/// `sample-bench --backend tcp`, `soak`): hidden, not for users.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct SpawnedRank {
+    /// This process's rank.
     #[arg(long, hide = true)]
     pub(crate) rank: Option<usize>,
-    /// Set on the ranks it starts: the group's size.
+    /// The group's size.
     #[arg(long, hide = true)]
     pub(crate) world: Option<usize>,
-    /// Set on the ranks it starts: rank 0's address.
+    /// Rank 0's address.
     #[arg(long, hide = true)]
     pub(crate) addr: Option<String>,
 }

@@ -32,7 +32,7 @@ pub(crate) fn run(backend: &dyn Backend, args: &BenchArgs) -> Result<(), String>
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    if backend.name() != "tcp" && (args.processes || args.rank.is_some()) {
+    if backend.name() != "tcp" && (args.processes || args.spawned.rank.is_some()) {
         return Err(format!(
             "--processes applies to --backend tcp (with {}, see its ranks in the bench's title)",
             backend.name()

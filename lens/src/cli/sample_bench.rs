@@ -346,7 +346,7 @@ pub(crate) fn run(args: &SampleBenchArgs) -> Result<(), String> {
             Ok(())
         }
         #[cfg(feature = "tcp")]
-        BackendArg::Tcp => match args.rank {
+        BackendArg::Tcp => match args.spawned.rank {
             Some(rank) => tcp_rank(args, &job, rank, timeout),
             None => {
                 let all = tcp_job(args, timeout)?;
@@ -373,8 +373,8 @@ fn tcp_rank(
     let mut builder = lens::tcp::TcpConfigBuilder::from_env()
         .rank(rank)
         .timeout(timeout)
-        .world_size(args.world.unwrap_or(args.ranks));
-    if let Some(addr) = &args.addr {
+        .world_size(args.spawned.world.unwrap_or(args.ranks));
+    if let Some(addr) = &args.spawned.addr {
         builder = builder.addr(addr.clone());
     }
     let config = builder.build().map_err(|e| format!("rank {rank}: {e}"))?;

@@ -63,7 +63,7 @@ impl Sample {
 }
 
 pub(crate) fn run(args: &SoakArgs) -> Result<(), String> {
-    if let Some(rank) = args.rank {
+    if let Some(rank) = args.spawned.rank {
         return rank_main(args, rank);
     }
     if args.ranks < 2 {
@@ -307,7 +307,7 @@ fn print_table(rows: &[Sample], sample_every: f64) -> Result<(), String> {
 
 /// One rank process of the soak.
 fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
-    let (Some(n), Some(addr)) = (args.world, &args.addr) else {
+    let (Some(n), Some(addr)) = (args.spawned.world, &args.spawned.addr) else {
         return Err("a soak rank needs --world and --addr".into());
     };
     let group = TcpConfigBuilder::from_env()
@@ -328,7 +328,7 @@ fn rank_main(args: &SoakArgs, rank: usize) -> Result<(), String> {
     let mut failed = 0u64;
     let mut stdout = std::io::stdout();
     for k in 1..=rounds {
-        sleep_to_next_tick(every);
+        lens::testkit::sleep_to_next_tick(every);
         let t = Instant::now();
         match blocking::broadcast(&group, 0, (rank == 0).then_some(&payload[..])) {
             Ok(_) => times.push(t.elapsed().as_secs_f64() * 1e6),
@@ -375,18 +375,6 @@ fn own_status() -> (f64, f64) {
             .unwrap_or(0.0)
     };
     (field("VmRSS:"), field("Threads:"))
-}
-
-/// Sleeps until the wall clock's next multiple of `every`: every rank's round starts at
-/// once, as a training step's does.
-fn sleep_to_next_tick(every: Duration) {
-    let Some(e) = u64::try_from(every.as_nanos()).ok().filter(|&e| e > 0) else {
-        return;
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0));
-    std::thread::sleep(Duration::from_nanos(e - now % e));
 }
 
 #[cfg(test)]

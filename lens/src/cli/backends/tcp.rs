@@ -67,7 +67,7 @@ impl Backend for Tcp {
     }
 
     fn bench(&self, args: &BenchArgs, plan: &Plan) -> Result<Option<BenchReport>, String> {
-        if let Some(rank) = args.rank {
+        if let Some(rank) = args.spawned.rank {
             // A rank process that `--processes` started.
             super::tcp_procs::rank_main(args, plan, rank)?;
             return Ok(None);

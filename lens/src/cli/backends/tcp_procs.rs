@@ -92,7 +92,7 @@ fn tree_of(
 /// This process's rank: joins lens's group and the raw tree, runs `plan`, prints its
 /// figures on one line for the process that started it.
 pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<(), String> {
-    let (Some(n), Some(addr)) = (args.world, &args.addr) else {
+    let (Some(n), Some(addr)) = (args.spawned.world, &args.spawned.addr) else {
         return Err("a bench rank needs --world and --addr".into());
     };
     let k = args.fan_out.unwrap_or(n.saturating_sub(1).max(1));
