@@ -114,6 +114,19 @@ pub trait Broadcaster: Send + Sync {
     fn step_sampler(&self) -> Option<&crate::sample::StepSampler> {
         None
     }
+
+    /// In this rank's next round, reports that `rank` came at `came` (on this process's
+    /// clock) in place of this rank's own arrival: the root of that round finds `rank`, not
+    /// this rank, in its [`Arrivals`]. For a group that stands for others: a
+    /// [`crate::Hierarchical`] group's node leader stands, in the leaders' round, for the
+    /// rank of its node that came last. `rank` belongs to the enclosing group and is not
+    /// checked against this one. Returns whether the backend carries it (the in-process
+    /// backend and TCP do); the default, `false`, carries nothing and the round reports
+    /// this rank as it came.
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        let _ = (rank, came);
+        false
+    }
 }
 
 /// One round through [`Broadcaster::broadcast_sync`] where the backend has it, else
@@ -218,6 +231,9 @@ macro_rules! forward_broadcaster {
             }
             fn step_sampler(&self) -> Option<&crate::sample::StepSampler> {
                 (**self).step_sampler()
+            }
+            fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+                (**self).stand_for(rank, came)
             }
         }
     )*};

@@ -1,5 +1,9 @@
 //! A broadcaster made of two: one among node leaders, one inside each node.
 
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::arrivals::Arrivals;
 use crate::backend::check_broadcast_args;
 use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
@@ -91,12 +95,39 @@ impl NodeLayout {
 /// root is not the leader), the leaders broadcast from the root's node, then every other node
 /// broadcasts from its leader. Each sub-group sees its collectives in the same order on all
 /// its members, as the trait requires.
+///
+/// **Arrivals.** Before the leaders' round, the ranks of each node meet in a round of their
+/// own (empty, from the leader; on the root's node, when the root is not the leader, the
+/// root's round is that meeting): so a leader goes on only once its whole node has come, and
+/// it knows which of its ranks came last. Where the leaders' group carries it
+/// ([`Broadcaster::stand_for`]: the in-process backend and TCP), each leader stands in the
+/// leaders' round for that rank. A root that leads its node then finds in
+/// [`Broadcaster::take_arrivals`] its own node's ranks and, for every other node, the rank
+/// of it that came last and when: `last_rank` is the rank that held the whole job up, and
+/// its node the node-level straggler. Only what names ranks truly is reported: `None` on a
+/// root that does not lead its node (it hears its own node only), where the leaders' group
+/// does not carry `stand_for` (MPI, NCCL, the Python groups) and where the node's group
+/// does not track arrivals (a leader could name only itself). Every node's group is taken
+/// to be of one kind: a leader whose node's group tracks nothing stands for itself, as its
+/// node had all come. The meeting costs one more round inside each node per broadcast (on
+/// shared memory or NCCL, microseconds), and makes every broadcast wait for every rank, as
+/// TCP's does.
 pub struct Hierarchical<L, G> {
     layout: NodeLayout,
     rank: usize,
     node: usize,
     local: L,
     leaders: Option<G>,
+    /// The last round this rank was the root of, where its arrivals can be told.
+    stood: Mutex<Option<Stood>>,
+}
+
+/// What a root that leads its node stood for in the leaders' round, and when each rank of
+/// its node came (global ranks, latest first), to put the other nodes' entries beside.
+#[derive(Debug, Clone)]
+struct Stood {
+    own: (usize, Instant),
+    node: Vec<(usize, Instant)>,
 }
 
 impl<L, G> std::fmt::Debug for Hierarchical<L, G> {
@@ -161,6 +192,7 @@ impl<L: Broadcaster, G: Broadcaster> Hierarchical<L, G> {
             node,
             local,
             leaders,
+            stood: Mutex::new(None),
         })
     }
 
@@ -228,6 +260,35 @@ impl<L: Broadcaster, G: Broadcaster> Hierarchical<L, G> {
     pub fn layout(&self) -> &NodeLayout {
         &self.layout
     }
+
+    /// A leader after its node's meeting (its own round: `met`): when each rank of its
+    /// node came, latest first, as global ranks and instants on this rank's clock (`came`:
+    /// when this rank entered the broadcast); `None` where the node's group does not say.
+    fn node_arrivals(&self, came: Instant, met: bool) -> Option<Vec<(usize, Instant)>> {
+        if !met {
+            return None;
+        }
+        let a = self.local.take_arrivals()?;
+        let ranks = self.layout.node(self.node)?;
+        let mine = a.ranks.iter().find(|(r, _)| *r == 0).map(|&(_, ns)| ns)?;
+        a.ranks
+            .iter()
+            .map(|&(r, ns)| Some((*ranks.get(r)?, shifted(came, ns, mine)?)))
+            .collect()
+    }
+
+    fn note_stood(&self, stood: Option<Stood>) {
+        *self.stood.lock().unwrap_or_else(|e| e.into_inner()) = stood;
+    }
+}
+
+/// The instant `ns` after the first arrival, given that `anchor` came `anchor_ns` after it.
+fn shifted(anchor: Instant, ns: u64, anchor_ns: u64) -> Option<Instant> {
+    if ns >= anchor_ns {
+        anchor.checked_add(Duration::from_nanos(ns - anchor_ns))
+    } else {
+        anchor.checked_sub(Duration::from_nanos(anchor_ns - ns))
+    }
 }
 
 #[async_trait::async_trait]
@@ -252,24 +313,78 @@ impl<L: Broadcaster, G: Broadcaster> Broadcaster for Hierarchical<L, G> {
         self.local.max_payload().min(leaders)
     }
 
+    /// On a root that leads its node, where every group says it (see the type's docs).
+    fn take_arrivals(&self) -> Option<Arrivals> {
+        let Stood { own, node } = self
+            .stood
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        let a = self.leaders.as_ref()?.take_arrivals()?;
+        let n = self.layout.world_size();
+        // The ranks the leaders stood for are global already; votes are the leaders' own.
+        let leader = |node: usize| self.layout.node(node)?.first().copied();
+        let voted: Vec<usize> = a.voted.iter().filter_map(|&r| leader(r)).collect();
+        // On this rank's clock through its own entry: its node's ranks in full, and the
+        // other nodes' last ranks.
+        let own_ns = a.ranks.iter().find(|(r, _)| *r == own.0).map(|e| e.1)?;
+        let mine = |r: usize| self.layout.place(r).map(|(node, _)| node) == Some(self.node);
+        let others = a
+            .ranks
+            .iter()
+            .filter(|&&(r, _)| r < n && !mine(r))
+            .filter_map(|&(r, ns)| Some((r, shifted(own.1, ns, own_ns)?)));
+        Arrivals::from_instants(node.into_iter().chain(others)).map(|a| a.with_voted(voted))
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
+        let came = Instant::now();
         let (root_node, root_local) = self.layout.place(root).ok_or(Error::InvalidRoot {
             root,
             world_size: self.world_size(),
         })?;
         let on_root_node = self.node == root_node;
         let mut data: Option<Vec<u8>> = payload.map(<[u8]>::to_vec);
+        let is_root = self.rank == root;
+        if is_root {
+            self.note_stood(None);
+        }
 
         // 1. Inside the root's node, the root hands the payload to everyone there (its
-        //    leader included) when it is not the leader itself.
-        if on_root_node && root_local != 0 {
+        //    leader included) when it is not the leader itself; elsewhere, and when the
+        //    root leads its node, the node's ranks meet (an empty round from the leader).
+        //    Either way the leader goes on once its whole node has come.
+        let root_hands_over = on_root_node && root_local != 0;
+        if root_hands_over {
             data = Some(self.local.broadcast(root_local, data.as_deref()).await?);
+        } else {
+            let leads = self.local.rank() == 0;
+            self.local.broadcast(0, leads.then_some(&[][..])).await?;
         }
-        // 2. Among leaders, from the root's node.
+        // 2. Among leaders, from the root's node; each stands for its node's last rank.
         if let Some(leaders) = &self.leaders {
+            let node = self.node_arrivals(came, !root_hands_over);
+            // Without its node's arrivals a leader stands for itself: on the root's node
+            // as it came (the root's round told it nothing), elsewhere as its node had all
+            // come (the meeting's end).
+            let own = node.as_ref().and_then(|v| v.first().copied()).unwrap_or((
+                self.rank,
+                if root_hands_over {
+                    came
+                } else {
+                    Instant::now()
+                },
+            ));
+            let stood = leaders.stand_for(own.0, own.1);
             let out = leaders.broadcast(root_node, data.as_deref()).await?;
             data = Some(out);
+            // The root's node tells whether the nodes' groups track arrivals (one rank
+            // alone tracks nothing and needs nothing).
+            let node = node.or_else(|| (self.local.world_size() == 1).then(|| vec![own]));
+            if is_root && stood {
+                self.note_stood(node.map(|node| Stood { own, node }));
+            }
         }
         // 3. Every other node spreads it from its leader. On the root's node everyone has
         //    it already: from step 1, or the root was the leader and step 3 runs there.

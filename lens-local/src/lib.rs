@@ -45,8 +45,9 @@ pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(10);
 struct Round {
     root: usize,
     payload: Option<Arc<[u8]>>,
-    /// When each rank entered the round, for the root's [`Arrivals`].
-    entered: Vec<Option<Instant>>,
+    /// When each rank entered the round, for the root's [`Arrivals`], and the rank it
+    /// reports (itself, or the rank it stands for).
+    entered: Vec<Option<(usize, Instant)>>,
     /// Which ranks voted to keep the step this round ends (the step sampler's).
     voted: Vec<bool>,
     taken: Vec<bool>,
@@ -138,6 +139,7 @@ impl LocalCluster {
                 rank,
                 arrivals: Mutex::new(None),
                 vote: AtomicBool::new(false),
+                stand_in: Mutex::new(None),
             })
             .collect()
     }
@@ -162,6 +164,8 @@ pub struct LocalBroadcaster {
     arrivals: Mutex<Option<Arrivals>>,
     /// This rank's vote, for its next round.
     vote: AtomicBool,
+    /// The rank (and its arrival) this rank stands for in its next round.
+    stand_in: Mutex<Option<(usize, Instant)>>,
 }
 
 impl std::fmt::Debug for LocalBroadcaster {
@@ -267,6 +271,12 @@ impl Broadcaster for LocalBroadcaster {
         true
     }
 
+    /// Carried: the root of the next round finds `rank`, at `came`, in this rank's place.
+    fn stand_for(&self, rank: usize, came: Instant) -> bool {
+        *self.stand_in.lock().unwrap_or_else(|e| e.into_inner()) = Some((rank, came));
+        true
+    }
+
     /// Every rank's entry into the round, on the process's one clock.
     fn take_arrivals(&self) -> Option<Arrivals> {
         self.arrivals
@@ -283,6 +293,12 @@ impl Broadcaster for LocalBroadcaster {
         }
         let round_no = self.shared.started[self.rank].fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
+        let came = self
+            .stand_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or((self.rank, start));
         // A rank that waits for the root waits a quarter longer than the root waits for
         // it (as TCP's members do), so that a root that times out first has said which
         // ranks it waited for before the others give up on it.
@@ -318,7 +334,7 @@ impl Broadcaster for LocalBroadcaster {
                 if round.root != root {
                     return Err(mismatch(round.root));
                 }
-                round.entered[root] = Some(start);
+                round.entered[root] = Some(came);
                 round.payload = Some(Arc::clone(&shared));
                 round.ready.notify(usize::MAX);
             }
@@ -335,7 +351,6 @@ impl Broadcaster for LocalBroadcaster {
                 })
                 .await?;
             if let Some(Some((entered, voted))) = &done {
-                let entered = entered.iter().enumerate();
                 let voted = voted
                     .iter()
                     .enumerate()
@@ -343,7 +358,7 @@ impl Broadcaster for LocalBroadcaster {
                     .map(|(r, _)| r)
                     .collect();
                 *self.arrivals.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Arrivals::from_instants(entered.filter_map(|(r, at)| Some((r, (*at)?))))
+                    Arrivals::from_instants(entered.iter().filter_map(|e| *e))
                         .map(|a| a.with_voted(voted));
             }
             if done.is_none() {
@@ -379,7 +394,7 @@ impl Broadcaster for LocalBroadcaster {
                     if round.root != root {
                         return Err(mismatch(round.root));
                     }
-                    round.entered[me].get_or_insert(start);
+                    round.entered[me].get_or_insert(came);
                     match &round.payload {
                         Some(p) => {
                             let p = Arc::clone(p);

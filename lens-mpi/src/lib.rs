@@ -506,6 +506,11 @@ impl Broadcaster for MpiBroadcaster {
         self.group.carry_vote(vote)
     }
 
+    /// Not carried: the gather of arrivals names each rank by its place in it.
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        self.group.stand_for(rank, came)
+    }
+
     fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
         None
     }

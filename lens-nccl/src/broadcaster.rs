@@ -321,6 +321,11 @@ impl Broadcaster for NcclBroadcaster {
         self.group.carry_vote(vote)
     }
 
+    /// Not carried: the gather of arrivals names each rank by its place in it.
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        self.group.stand_for(rank, came)
+    }
+
     fn step_sampler(&self) -> Option<&lens_core::sample::StepSampler> {
         None
     }

@@ -334,6 +334,13 @@ impl Broadcaster for TcpBroadcaster {
     }
 
     /// Carried in this rank's ack of its next round.
+    /// Carried on the round's acks (and rank 0's DONE to another root): the root finds
+    /// `rank`, at `came`, in this rank's place.
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        self.state().stands_for = Some((rank, came));
+        true
+    }
+
     fn carry_vote(&self, vote: bool) -> bool {
         self.state().vote = vote;
         true

@@ -4,7 +4,7 @@
 //! header, a payload, and an HMAC-SHA256 tag over both:
 //!
 //! ```text
-//! 0..4   magic "LNS2"      17..25 round (u64 LE)
+//! 0..4   magic "LNS3"      17..25 round (u64 LE)
 //! 4      kind              25..29 root (u32 LE)
 //! 5..9   sender (u32 LE)   29..33 payload length (u32 LE)
 //! 9..17  session (u64 LE)  33..   payload, then 32 bytes of HMAC-SHA256(key, all before)
@@ -21,7 +21,7 @@
 //! | WELCOME | the joiner's nonce, endpoint length (u16), the endpoint of its tree parent (empty when that is rank 0) |
 //! | REJECT | the joiner's nonce, the reason (UTF-8) |
 //! | DATA | the round's payload |
-//! | ACK | the count (u32) and ranks (u32 each) missing below the sender; the count (u8, at most 8) and ranks of its subtree that voted to keep the step; then arrivals, 12 bytes each (rank u32, ns i64), at most 8 |
+//! | ACK | the count (u32) and ranks (u32 each) missing below the sender; the count (u8, at most 8) and ranks of its subtree that voted to keep the step; then arrivals, 16 bytes each (rank u32, ns i64, the rank it is shown as u32: itself, or the rank of an enclosing group it stands for), at most 8 |
 //! | FAIL | ranks (u32 each) missing in the round |
 //! | JOIN FAIL | the joiner's nonce, then the ranks that never joined (u32 each) |
 //! | DONE | voters as in ACK, then arrivals as in ACK (both empty unless the root is not rank 0) |
@@ -35,7 +35,9 @@ use sha2::Sha256;
 
 pub(crate) use crate::message::{Kind, MAX_ENDPOINT, Message, NONCE, Nonce};
 
-pub(crate) const MAGIC: &[u8; 4] = b"LNS2";
+/// The wire's version: "LNS3" since arrivals name the rank they are shown as (a lens of
+/// another layout fails every frame's first check instead of misreading an ack).
+pub(crate) const MAGIC: &[u8; 4] = b"LNS3";
 pub(crate) const FRAME_HEADER: usize = 33;
 pub(crate) const TAG: usize = 32;
 /// The length prefix before each frame on a connection.

@@ -29,8 +29,8 @@
 //! then leaves rank 0 and joins its parent (the same handshake, with the session), so no
 //! rank keeps a connection per rank. Every rank then waits for its own tree children.
 
+use crate::idhash::IdMap;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::hash::Hash;
 
 use crate::diag::Diagnostics;
@@ -145,7 +145,7 @@ pub(crate) struct Join<C> {
     knocked: [Option<Nonce>; 2],
     up_proven: [bool; 2],
     /// Accepted connections that knocked, until they close.
-    accepted: HashMap<C, Accepted>,
+    accepted: IdMap<C, Accepted>,
     /// Rank r's connection once it proved the key (rank 0: every rank's until they leave
     /// for their tree parent; others: their children's).
     peers: Vec<Option<C>>,
@@ -157,7 +157,7 @@ pub(crate) struct Join<C> {
     endpoints: Vec<String>,
     welcomed_with: Vec<Option<Nonce>>,
     /// Tree parents during formation: the session each child said it had.
-    child_session: HashMap<usize, u64>,
+    child_session: IdMap<usize, u64>,
     /// What authenticated peers disagreed about, for the error when the group does not form.
     pub diag: Diagnostics,
 }
@@ -184,12 +184,12 @@ impl<C: Clone + Eq + Hash> Join<C> {
             formed: false,
             knocked: [None; 2],
             up_proven: [false; 2],
-            accepted: HashMap::new(),
+            accepted: IdMap::default(),
             peers: vec![None; n],
             formation,
             endpoints: vec![String::new(); hub],
             welcomed_with: vec![None; hub],
-            child_session: HashMap::new(),
+            child_session: IdMap::default(),
             diag: Diagnostics::default(),
         }
     }

@@ -45,6 +45,7 @@ pub mod env;
 mod error;
 mod frame;
 mod handshake;
+mod idhash;
 mod join;
 mod keeper;
 mod key;

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use crate::message::{MAX_ARRIVALS, MAX_VOTERS, Message};
 
+use crate::message::Came;
 use crate::tree::Tree;
-use arrivals::{few_arrivals, ns_between, shift};
+use arrivals::{Arrived, few_arrivals, ns_between};
 pub(crate) use io::{Answer, From, Heard, Links, Outcome, Plan, To};
 
 /// Ranks other than 0 wait this fraction of a timeout longer than rank 0, so that they
@@ -77,9 +78,12 @@ pub(crate) struct RoundMachine {
     /// start, and what its children's acks said (each ack says how long before it was sent
     /// its ranks came; the hop back is not counted, so each is late by at most one network
     /// delay per tree level).
-    arrivals: Vec<(usize, Instant)>,
+    arrivals: Vec<Arrived>,
     /// A root other than 0: the arrivals rank 0's DONE carried (ns after rank 0 came).
-    told_arrivals: Vec<(usize, i64)>,
+    told_arrivals: Vec<Came>,
+    /// Who this rank is in the arrivals, and when it came: itself at the round's start,
+    /// or the rank it stands for.
+    own: (usize, Instant),
     /// A rank other than the root: when the root's data reached it (it may wait for acks
     /// and a verdict after that).
     received_at: Option<Instant>,
@@ -105,6 +109,7 @@ impl RoundMachine {
             root,
             timeout,
             vote,
+            stands_for,
         } = plan;
         let mut m = RoundMachine {
             me,
@@ -125,6 +130,7 @@ impl RoundMachine {
             relayed: None,
             arrivals: Vec::new(),
             told_arrivals: Vec::new(),
+            own: stands_for.unwrap_or((me, now)),
             received_at: None,
             voted: if vote { vec![me] } else { Vec::new() },
             outcome: None,
@@ -161,16 +167,18 @@ impl RoundMachine {
 
     /// The root, once every rank has the data: when each came to the round, in ns after
     /// rank 0 did (rank 0 as the root: every rank its acks named; another root: what rank
-    /// 0's DONE carried); empty otherwise (taken).
+    /// 0's DONE carried); empty otherwise (taken). Each is named as it is shown: the rank
+    /// itself, or the rank it stood for.
     pub(crate) fn take_arrivals(&mut self) -> Vec<(usize, i64)> {
         if self.me != self.root || !matches!(self.outcome, Some(Outcome::Delivered(_))) {
             return Vec::new();
         }
-        if self.me == 0 {
+        let told = if self.me == 0 {
             self.arrivals_after_start()
         } else {
             std::mem::take(&mut self.told_arrivals)
-        }
+        };
+        told.into_iter().map(|c| (c.shown, c.ns)).collect()
     }
 
     /// The root, once every rank has the data: the ranks that voted (rank 0 as the root:
@@ -196,11 +204,14 @@ impl RoundMachine {
     }
 
     /// Rank 0: the arrivals it knows, in ns after its own start.
-    fn arrivals_after_start(&mut self) -> Vec<(usize, i64)> {
+    fn arrivals_after_start(&mut self) -> Vec<Came> {
         let start = self.start;
         std::mem::take(&mut self.arrivals)
             .into_iter()
-            .map(|(r, at)| (r, -ns_between(at, start)))
+            .map(|a| Came {
+                ns: -ns_between(a.at, start),
+                ..a.before(start)
+            })
             .collect()
     }
 
@@ -312,9 +323,9 @@ impl RoundMachine {
                 self.arrivals.extend(
                     arrivals
                         .iter()
-                        .filter(|&&(r, _)| tree.is_below(r, sender))
+                        .filter(|c| tree.is_below(c.rank, sender))
                         .take(MAX_ARRIVALS)
-                        .map(|&(r, before)| (r, shift(now, before))),
+                        .map(|c| Arrived::heard(c, now)),
                 );
                 self.acks_done(links, now);
             }
@@ -441,12 +452,18 @@ impl RoundMachine {
 
     /// Down to the children.
     fn forward(&mut self, links: &mut impl Links, data: Vec<u8>, now: Instant) {
-        self.arrivals.push((self.me, self.start));
+        self.arrivals.push(Arrived {
+            rank: self.me,
+            shown: self.own.0,
+            at: self.own.1,
+        });
         if self.me != self.root {
             self.received_at = Some(now);
         }
-        for c in self.tree.children(self.me) {
-            if links.send(To::Rank(c), &Message::Data(Cow::Borrowed(&data))) {
+        let children: Vec<usize> = self.tree.children(self.me).collect();
+        let sent = links.send_each(&children, &Message::Data(Cow::Borrowed(&data)));
+        for (c, queued) in children.into_iter().zip(sent) {
+            if queued {
                 self.waiting.insert(c);
             } else {
                 tracing::warn!(rank = c, "cannot reach a rank (yet)");
@@ -484,7 +501,7 @@ impl RoundMachine {
             arrivals: few_arrivals(
                 std::mem::take(&mut self.arrivals)
                     .into_iter()
-                    .map(|(r, at)| (r, ns_between(at, now)))
+                    .map(|a| a.before(now))
                     .collect(),
             ),
         };
@@ -526,9 +543,10 @@ impl RoundMachine {
             } else {
                 let after = self.arrivals_after_start();
                 // `few_arrivals` keeps the latest of values counted backwards.
-                few_arrivals(after.into_iter().map(|(r, ns)| (r, -ns)).collect())
+                let negated = |c: Came| Came { ns: -c.ns, ..c };
+                few_arrivals(after.into_iter().map(negated).collect())
                     .into_iter()
-                    .map(|(r, ns)| (r, -ns))
+                    .map(negated)
                     .collect()
             };
             let voted = if root == 0 {

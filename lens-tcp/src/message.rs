@@ -91,14 +91,14 @@ pub(crate) enum Message<'a> {
     Ack {
         missing: Vec<usize>,
         voted: Vec<usize>,
-        arrivals: Vec<(usize, i64)>,
+        arrivals: Vec<Came>,
     },
     /// Every rank received the round (rank 0 to a root other than itself), with when the
     /// ranks came to it, in ns after the first (the earliest and the latest few, at most
     /// [`MAX_ARRIVALS`]), and ranks that voted (at most [`MAX_VOTERS`]).
     Done {
         voted: Vec<usize>,
-        arrivals: Vec<(usize, i64)>,
+        arrivals: Vec<Came>,
     },
     /// The round failed for want of these ranks.
     Fail { missing: Vec<usize> },
@@ -332,24 +332,57 @@ fn read_voters(p: &[u8], at: usize) -> Option<(Vec<usize>, usize)> {
 /// Arrivals an ACK carries at most: the earliest of its subtree and the latest ones.
 pub(crate) const MAX_ARRIVALS: usize = 8;
 
-fn push_arrivals(p: &mut Vec<u8>, arrivals: &[(usize, i64)]) {
-    for &(r, ns) in arrivals.iter().take(MAX_ARRIVALS) {
-        push_ranks(p, &[r]);
-        p.extend_from_slice(&ns.to_le_bytes());
+/// One rank's arrival as an ACK or a DONE carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Came {
+    /// The rank of this group it is about (an ack speaks for its sender's subtree only).
+    pub rank: usize,
+    /// In ns: before the ack was sent (ACK), or after rank 0 came (DONE).
+    pub ns: i64,
+    /// The rank the root reports: `rank` itself, or the rank of an enclosing group that
+    /// `rank` stands for (`Broadcaster::stand_for`).
+    pub shown: usize,
+}
+
+impl Came {
+    /// A rank that stands for itself.
+    #[cfg(test)]
+    pub(crate) fn itself(rank: usize, ns: i64) -> Came {
+        Came {
+            rank,
+            ns,
+            shown: rank,
+        }
     }
 }
 
-fn read_arrivals(p: &[u8]) -> Option<Vec<(usize, i64)>> {
-    if p.len() % 12 != 0 || p.len() / 12 > MAX_ARRIVALS {
+/// Bytes of one arrival on the wire: rank (u32), ns (i64), shown (u32).
+const CAME_LEN: usize = 16;
+
+fn push_arrivals(p: &mut Vec<u8>, arrivals: &[Came]) {
+    for c in arrivals.iter().take(MAX_ARRIVALS) {
+        push_ranks(p, &[c.rank]);
+        p.extend_from_slice(&c.ns.to_le_bytes());
+        push_ranks(p, &[c.shown]);
+    }
+}
+
+fn read_arrivals(p: &[u8]) -> Option<Vec<Came>> {
+    if p.len() % CAME_LEN != 0 || p.len() / CAME_LEN > MAX_ARRIVALS {
         return None;
     }
     Some(
-        p.chunks_exact(12)
+        p.chunks_exact(CAME_LEN)
             .map(|c| {
-                let r = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+                let rank = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
                 let mut ns = [0u8; 8];
-                ns.copy_from_slice(&c[4..]);
-                (r, i64::from_le_bytes(ns))
+                ns.copy_from_slice(&c[4..12]);
+                let shown = u32::from_le_bytes([c[12], c[13], c[14], c[15]]) as usize;
+                Came {
+                    rank,
+                    ns: i64::from_le_bytes(ns),
+                    shown,
+                }
             })
             .collect(),
     )
@@ -426,12 +459,20 @@ mod tests {
             Message::Ack {
                 missing: vec![1, 5],
                 voted: vec![4],
-                arrivals: vec![(3, -12), (4, i64::MAX), (9, 0)],
+                arrivals: vec![
+                    Came::itself(3, -12),
+                    Came::itself(4, i64::MAX),
+                    Came {
+                        rank: 9,
+                        ns: 0,
+                        shown: 4_000_000,
+                    },
+                ],
             },
             Message::Ack {
                 missing: vec![],
                 voted: (0..MAX_VOTERS).collect(),
-                arrivals: vec![(1, 2)],
+                arrivals: vec![Came::itself(1, 2)],
             },
             Message::Done {
                 voted: vec![],
@@ -439,7 +480,14 @@ mod tests {
             },
             Message::Done {
                 voted: vec![2, 7],
-                arrivals: vec![(2, 0), (0, 7_000)],
+                arrivals: vec![
+                    Came::itself(2, 0),
+                    Came {
+                        rank: 0,
+                        ns: 7_000,
+                        shown: 17,
+                    },
+                ],
             },
             Message::Fail { missing: vec![3] },
         ];
@@ -486,12 +534,17 @@ mod tests {
             (
                 "an arrival cut short",
                 Kind::Ack,
-                [vec![0; 5], vec![0; 11]].concat(),
+                [vec![0; 5], vec![0; 15]].concat(),
             ),
             (
                 "more arrivals than an ack may carry",
                 Kind::Ack,
-                [vec![0; 5], vec![0; 12 * 9]].concat(),
+                [vec![0; 5], vec![0; 16 * 9]].concat(),
+            ),
+            (
+                "arrivals of the earlier layout (12 bytes each)",
+                Kind::Ack,
+                [vec![0; 5], vec![0; 12 * 3]].concat(),
             ),
             (
                 "more voters than an ack may name",
@@ -510,7 +563,7 @@ mod tests {
             (
                 "done with too many arrivals",
                 Kind::Done,
-                vec![0; 1 + 12 * 9],
+                vec![0; 1 + 16 * 9],
             ),
             ("an endpoint over the limit", Kind::Welcome, {
                 let mut p = a.to_vec();

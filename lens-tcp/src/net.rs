@@ -11,7 +11,7 @@
 //! to rank 0 and to its tree parent (in a tree, a rank whose parent is not rank 0 hangs up
 //! on rank 0 once it has joined).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -20,6 +20,7 @@ use lens_core::{Error, Result};
 use crate::frame::{Codec, Frame, JOIN_FRAME_MAX, Kind, Reassembler, Reject};
 
 use crate::error::TcpError;
+use crate::idhash::IdMap;
 const SIDES: [Side; 3] = [Side::Listen, Side::Hub, Side::Parent];
 
 use crate::error::socket_err;
@@ -110,7 +111,7 @@ pub(crate) struct Net {
     listen: Option<zmq::Socket>,
     hub: Option<Outbound>,
     parent: Option<Outbound>,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     codec: Codec,
     limits: Limits,
     turn: usize,
@@ -155,7 +156,7 @@ impl Net {
             listen: None,
             hub: None,
             parent: None,
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             codec,
             limits,
             turn: 0,

@@ -42,6 +42,18 @@ impl Links for GroupLinks<'_> {
         let bytes = self.g.frame(msg, self.round, self.root);
         self.g.send_to(to, &bytes)
     }
+
+    fn send_each(&mut self, ranks: &[usize], msg: &Message<'_>) -> Vec<bool> {
+        if ranks.is_empty() {
+            return Vec::new(); // a leaf: nothing to sign
+        }
+        // One frame, signed once, for every rank.
+        let bytes = self.g.frame(msg, self.round, self.root);
+        ranks
+            .iter()
+            .map(|&r| self.g.send_to(To::Rank(r), &bytes))
+            .collect()
+    }
 }
 
 fn from_of(conn: &ConnId, sender: u32) -> From {
@@ -94,6 +106,7 @@ impl RankState {
             root,
             timeout,
             vote: std::mem::take(&mut self.vote),
+            stands_for: self.stands_for.take(),
         };
         let mut m = RoundMachine::start(&mut self.links(root), plan, payload, Instant::now());
         // Frames of this round that came before it started here.

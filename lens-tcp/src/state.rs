@@ -46,6 +46,9 @@ pub(crate) struct RankState {
     pub received_at: Option<Instant>,
     /// This rank's vote, for its next round (`Broadcaster::carry_vote`).
     pub vote: bool,
+    /// Whom this rank stands for in its next round's arrivals, and when that rank came
+    /// (`Broadcaster::stand_for`).
+    pub stands_for: Option<(usize, Instant)>,
     /// What this rank said last in a finished round (a member's ack, rank 0's verdict to
     /// the root), said again when that round's data comes again: the first may have died
     /// with a reset connection.
@@ -143,6 +146,7 @@ impl RankState {
             voted: Vec::new(),
             received_at: None,
             vote: false,
+            stands_for: None,
             last_answers: Vec::new(),
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
             open: None,

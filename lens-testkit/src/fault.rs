@@ -101,6 +101,10 @@ impl<B: Broadcaster> Broadcaster for Faulty<B> {
         self.inner.received_at()
     }
 
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        self.inner.stand_for(rank, came)
+    }
+
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         for fault in &self.faults {
             if let Fault::Delay(d) = fault {

@@ -141,6 +141,50 @@ fn tcp_bench_with_processes_runs_a_tree_of_processes() {
     assert!(run.stderr.contains("at least 2 ranks"), "{}", run.stderr);
 }
 
+/// `--only OP` times that operation alone, on every rank process, for a profiler: one line,
+/// no ratio (nothing to divide by); an operation the backend lacks is refused by name.
+#[test]
+fn tcp_bench_only_times_one_operation() {
+    let run = lens(
+        &[
+            "bench",
+            "--backend",
+            "tcp",
+            "--processes",
+            "--ranks",
+            "3",
+            "--iters",
+            "20",
+            "--only",
+            "lens_bytes",
+            "--json",
+        ],
+        &[],
+        DEADLINE,
+    );
+    assert!(run.ok, "stderr: {}", run.stderr);
+    let lines: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", run.stdout);
+    assert_eq!(lines[0]["op"], "lens_bytes", "{}", run.stdout);
+    assert_eq!(lines[0]["iters"], 20, "{}", run.stdout);
+    assert!(lines[0].get("ratio_vs_raw").is_none(), "{}", run.stdout);
+    let run = lens(
+        &["bench", "--backend", "tcp", "--only", "lens_raw"],
+        &[],
+        DEADLINE,
+    );
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("--only lens_raw") && run.stderr.contains("raw, lens_bytes, lens"),
+        "{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn tcp_bench_prints_raw_and_lens_lines() {
     let run = lens(

@@ -463,6 +463,10 @@ impl<B: Broadcaster> Broadcaster for Sampled<B> {
         self.group.carry_vote(vote)
     }
 
+    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
+        self.group.stand_for(rank, came)
+    }
+
     fn step_sampler(&self) -> Option<&StepSampler> {
         Some(&self.sampler)
     }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::message::MAX_ARRIVALS;
+use crate::message::{Came, MAX_ARRIVALS};
 
 /// How long before `later` the instant `at` was, in ns (negative when it was after).
 pub(super) fn ns_between(at: Instant, later: Instant) -> i64 {
@@ -23,14 +23,43 @@ pub(super) fn shift(now: Instant, before: i64) -> Instant {
     }
 }
 
+/// A rank of this rank's subtree came to the round at `at` (this rank's clock), shown to
+/// the root as `shown` (itself, or the rank it stands for).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrived {
+    pub rank: usize,
+    pub shown: usize,
+    pub at: Instant,
+}
+
+impl Arrived {
+    /// As an ack sent at `now` carries it.
+    pub(super) fn before(self, now: Instant) -> Came {
+        Came {
+            rank: self.rank,
+            ns: ns_between(self.at, now),
+            shown: self.shown,
+        }
+    }
+
+    /// As an ack received at `now` says it.
+    pub(super) fn heard(c: &Came, now: Instant) -> Arrived {
+        Arrived {
+            rank: c.rank,
+            shown: c.shown,
+            at: shift(now, c.ns),
+        }
+    }
+}
+
 /// What an ACK carries of its subtree's arrivals (each in ns before the ack): the latest
 /// ones and the earliest, at most [`MAX_ARRIVALS`] (a star's ack carries its own rank's).
-pub(super) fn few_arrivals(mut all: Vec<(usize, i64)>) -> Vec<(usize, i64)> {
+pub(super) fn few_arrivals(mut all: Vec<Came>) -> Vec<Came> {
     if all.len() <= MAX_ARRIVALS {
         return all;
     }
     // Latest first: the fewest ns before the ack.
-    all.sort_unstable_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    all.sort_unstable_by(|a, b| a.ns.cmp(&b.ns).then(a.rank.cmp(&b.rank)));
     let earliest = all[all.len() - 1];
     all.truncate(MAX_ARRIVALS - 1);
     all.push(earliest);

@@ -4,7 +4,7 @@
 
 use crate::message::Message;
 use crate::tree::Tree;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The connection a frame came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,13 @@ pub(crate) trait Links {
     /// Queues a frame of this round (with the round's root) carrying `msg` for `to`; false
     /// when there is no live connection to it now.
     fn send(&mut self, to: To, msg: &Message<'_>) -> bool;
+
+    /// Queues one frame carrying `msg` for each of `ranks`; whether each was queued, in
+    /// order. The frame is the same for all of them (sender, round, root and message), so
+    /// a link layer may make it once: a star's rank 0 sends the data to every rank.
+    fn send_each(&mut self, ranks: &[usize], msg: &Message<'_>) -> Vec<bool> {
+        ranks.iter().map(|&r| self.send(To::Rank(r), msg)).collect()
+    }
 }
 
 /// Who this rank is in a round, and the round.
@@ -43,6 +50,9 @@ pub(crate) struct Plan {
     pub timeout: Duration,
     /// This rank votes to keep the step the round ends (the step sampler's).
     pub vote: bool,
+    /// The rank (of an enclosing group) this rank stands for in the round's arrivals, and
+    /// when it came (`Broadcaster::stand_for`); `None`: this rank, at the round's start.
+    pub stands_for: Option<(usize, Instant)>,
 }
 
 /// A frame of this round as the machine hears it: already authenticated and of this

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 use std::borrow::Cow;
 
-use crate::message::Message;
+use crate::message::{Came, Message};
 use crate::tree::Tree;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -183,6 +183,7 @@ impl Sim {
                     root,
                     timeout: TIMEOUT,
                     vote: votes(me),
+                    stands_for: None,
                 };
                 RoundMachine::start(&mut links, plan, mine, now)
             })
@@ -364,7 +365,7 @@ impl Sim {
                         1 => Message::Ack {
                             missing: vec![x % n],
                             voted: vec![x % n],
-                            arrivals: vec![(x % n, -1)],
+                            arrivals: vec![Came::itself(x % n, -1)],
                         },
                         2 => Message::Done {
                             voted: vec![x % n],

@@ -174,6 +174,10 @@ pub(crate) struct BenchArgs {
     /// is then rank 0's.
     #[arg(long)]
     pub(crate) processes: bool,
+    /// Time only this operation (`raw`, another of the backend's baselines, `lens_bytes`
+    /// or `lens`), so that a profiler such as `perf` sees it alone; no ratio is printed.
+    #[arg(long, value_name = "OP")]
+    pub(crate) only: Option<String>,
     #[command(flatten)]
     pub(crate) hosts: HostsArgs,
     #[command(flatten)]

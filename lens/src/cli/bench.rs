@@ -41,12 +41,32 @@ pub(crate) fn run(backend: &dyn Backend, args: &BenchArgs) -> Result<(), String>
     if args.hosts.hosts.is_some() && !(backend.name() == "tcp" && args.processes) {
         return Err("--hosts applies to --backend tcp --processes".into());
     }
+    let only = match &args.only {
+        None => None,
+        Some(name) => {
+            let names: Vec<&str> = backend
+                .baselines()
+                .iter()
+                .copied()
+                .chain(LENS_OPS)
+                .collect();
+            let i = names.iter().position(|n| n == name).ok_or_else(|| {
+                format!(
+                    "--only {name}: the {} bench's operations are {}",
+                    backend.name(),
+                    names.join(", ")
+                )
+            })?;
+            Some(i)
+        }
+    };
     let cx = source_context();
     let plan = Plan {
         baselines: backend.baselines().len(),
         iters: args.iters,
         bytes: Carrier::from_context(&cx).encode(),
         cx,
+        only,
     };
     if let Some(report) = backend.bench(args, &plan)? {
         print_report(backend.name(), args, &plan, &report);
@@ -88,6 +108,9 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
         .collect();
     let is_lens = |op: &str| LENS_OPS.contains(&op);
     for (i, (op, s)) in stats.iter().enumerate() {
+        if s.count == 0 {
+            continue; // not run (--only)
+        }
         let cpu = group.cpu_us.get(i).copied().unwrap_or(f64::NAN);
         let all = group.cpu_all_us.get(i).copied();
         if json {
@@ -102,14 +125,16 @@ fn print_group(backend: &str, json: bool, bytes: usize, group: &Measured) {
                 line["cpu_us_all_ranks"] = json!(round2(all));
             }
             if is_lens(op) {
-                for (base, b) in stats.iter().filter(|(o, _)| !is_lens(o)) {
+                for (base, b) in stats.iter().filter(|(o, b)| !is_lens(o) && b.count > 0) {
                     line[format!("ratio_vs_{base}")] = json!(round2(s.median / b.median));
                 }
             }
             println!("{line}");
         } else {
             let ratio = match stats.first() {
-                Some((_, raw)) if is_lens(op) => format!("{:.2}x", s.median / raw.median),
+                Some((_, raw)) if is_lens(op) && raw.count > 0 => {
+                    format!("{:.2}x", s.median / raw.median)
+                }
                 _ => String::new(),
             };
             let all = all.map_or(String::new(), |a| format!(" {a:>9.1}"));

@@ -10,6 +10,8 @@
 //! - **One sample.** Every rank waits at a barrier, then times its own call. The round's
 //!   time is the slowest rank's: what a collective costs the job, since the job goes on only
 //!   when every rank has the bytes.
+//! - **Leaving.** After the last round every rank meets the others at the barrier once
+//!   more before it returns, so that no rank exits while another's round is timed.
 //! - **Statistic.** The median and the 99th percentile of those samples, in µs; `lens/raw`
 //!   is the ratio of the medians.
 //! - **CPU.** The process's CPU time during each operation's timed calls (from the barrier's
@@ -41,6 +43,9 @@ pub(crate) struct Plan {
     pub(crate) bytes: Vec<u8>,
     /// The context lens broadcasts from rank 0 (whose carrier is `bytes`).
     pub(crate) cx: Context,
+    /// Run only this operation (its index: the baselines, then [`LENS_OPS`]); the others'
+    /// samples stay empty.
+    pub(crate) only: Option<usize>,
 }
 
 /// One rank's part of a bench group.
@@ -129,6 +134,9 @@ pub(crate) fn run_rank(
             continue;
         }
         for (op, times) in times.iter_mut().enumerate() {
+            if plan.only.is_some_and(|o| o != op) {
+                continue;
+            }
             for round in 0..WARMUP + per_block {
                 barrier()?;
                 let cpu_from = (round >= WARMUP).then(process_cpu);
@@ -153,6 +161,11 @@ pub(crate) fn run_rank(
             }
         }
     }
+    // The ranks leave together: a rank that exits (closing its sockets, ending its
+    // threads) while another's last round is timed takes the CPU from it; with 512
+    // processes on 2 cores that held the run's last round for 0.7 to 3 s, the whole p99
+    // of its operation.
+    barrier()?;
     let rounds = plan.iters.max(1) as f64;
     Ok(Timed {
         times,

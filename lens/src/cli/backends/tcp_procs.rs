@@ -6,7 +6,12 @@
 //!
 //! The raw baseline has lens's layout: the same tree (a star unless `--fan-out`), each
 //! parent sending the bytes to its children and acknowledging up once its children have,
-//! over bare ZeroMQ ROUTER/DEALER sockets (no framing, no authentication).
+//! over bare ZeroMQ ROUTER/DEALER sockets (no framing, no authentication), in a ZeroMQ
+//! context of its own as lens's group has: one I/O thread each. (Until 5 December 2026 the
+//! raw sockets shared the barrier's context, so the I/O thread that had just carried the
+//! barrier carried the raw round too, while lens's round woke a second one: with 64 to
+//! 1,024 processes on 2 cores, about a third more wake-ups per rank and round, and most of
+//! lens's 1.3-1.4 times raw in docs/SCALING.md.)
 //!
 //! The ranks meet twice: lens's group (rank 0's address, a fresh job key), and a
 //! directory over ZeroMQ at rank 0, whose address rank 0 sends with one lens broadcast.
@@ -109,7 +114,8 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
         .and_then(TcpBroadcaster::connect)
         .map_err(|e| format!("rank {rank}: {e}"))?;
     let ctx = zmq::Context::new();
-    let down = socket(&ctx, zmq::ROUTER)?;
+    let raw_ctx = zmq::Context::new();
+    let down = socket(&raw_ctx, zmq::ROUTER)?;
     let bar_down = socket(&ctx, zmq::ROUTER)?;
     // This rank's line of the directory: its raw tree's address, then its barrier's.
     // Where the other ranks reach this one: its simulated host's address, else loopback.
@@ -165,7 +171,7 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     };
     // The raw tree in lens's layout, and the barrier's tree: each rank greets its parent,
     // each parent waits for its children.
-    let raw = tree_of(&ctx, (rank, n, k), down, |p| field(p, 0))?;
+    let raw = tree_of(&raw_ctx, (rank, n, k), down, |p| field(p, 0))?;
     let barrier = TreeBarrier(tree_of(&ctx, (rank, n, BARRIER_FAN_OUT), bar_down, |p| {
         field(p, 1)
     })?);
@@ -216,6 +222,9 @@ pub(crate) fn bench(args: &BenchArgs, baselines: &[&'static str]) -> Result<Benc
             .env_remove(lens::tcp::env::KEY);
             if let Some(k) = args.fan_out {
                 c.args(["--fan-out", &k.to_string()]);
+            }
+            if let Some(op) = &args.only {
+                c.args(["--only", op]);
             }
             c
         };

@@ -1,0 +1,177 @@
+//! `Hierarchical` groups report how the ranks came to a round: one entry per node, the
+//! rank of that node that came last (the node-level straggler and the rank behind it), and
+//! the root's own node in full.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lens_core::arrivals::Arrivals;
+use lens_core::{Broadcaster, Hierarchical, NodeLayout, blocking};
+use lens_testkit::{LocalBroadcaster, LocalCluster};
+
+/// Three nodes of three ranks: [0, 1, 2], [3, 4, 5], [6, 7, 8].
+fn three_by_three() -> (NodeLayout, Vec<Arc<dyn Broadcaster>>) {
+    let layout = NodeLayout::uniform(9, 3).expect("layout");
+    let nodes = (0..3)
+        .map(|_| LocalCluster::new(3).broadcasters())
+        .collect();
+    let ranks = Hierarchical::<LocalBroadcaster, LocalBroadcaster>::assemble(
+        &layout,
+        nodes,
+        LocalCluster::new(3).broadcasters(),
+    )
+    .expect("ranks")
+    .into_iter()
+    .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+    .collect();
+    (layout, ranks)
+}
+
+/// One round from `root` in which rank `late` enters `by` after the others; the root's
+/// arrivals.
+fn round_with_late(
+    ranks: &[Arc<dyn Broadcaster>],
+    root: usize,
+    late: usize,
+    by: Duration,
+) -> Option<Arrivals> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    if b.rank() == late {
+                        std::thread::sleep(by);
+                    }
+                    let payload = (b.rank() == root).then_some(&b"step"[..]);
+                    let got = blocking::broadcast(b.as_ref(), root, payload).expect("round");
+                    assert_eq!(got, b"step");
+                    (b.rank() == root).then(|| b.take_arrivals()).flatten()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().expect("rank thread"))
+            .next()
+    })
+}
+
+const LATE: Duration = Duration::from_millis(60);
+
+fn ranks_of(a: &Arrivals) -> Vec<usize> {
+    let mut r: Vec<usize> = a.ranks.iter().map(|&(r, _)| r).collect();
+    r.sort_unstable();
+    r
+}
+
+#[test]
+fn the_rank_behind_a_late_node_is_named() {
+    let (_, ranks) = three_by_three();
+    // Rank 7 is on node 2 behind its leader 6; then a leader, then a rank of the root's
+    // own node, each late in turn.
+    for late in [7, 3, 2] {
+        let a = round_with_late(&ranks, 0, late, LATE).expect("arrivals on the root");
+        assert_eq!(a.last_rank, late, "{a:?}");
+        assert!(a.spread_ns >= 50_000_000, "{a:?}");
+        // The root's node in full; each other node by the rank of it that came last.
+        let others: Vec<usize> = ranks_of(&a).into_iter().filter(|&r| r > 2).collect();
+        assert_eq!(others.len(), 2, "one entry per other node: {a:?}");
+        if late > 2 {
+            assert!(others.contains(&late), "{a:?}");
+        }
+        for r in 0..3 {
+            assert!(
+                ranks_of(&a).contains(&r),
+                "rank {r} of the root's node: {a:?}"
+            );
+        }
+        // Everyone else came together: only the late rank is far behind the first.
+        for &(r, ns) in &a.ranks[1..] {
+            assert!(ns < 40_000_000, "rank {r} at {ns} ns: {a:?}");
+        }
+    }
+}
+
+#[test]
+fn a_root_on_another_node_names_it_too() {
+    let (_, ranks) = three_by_three();
+    // Root 3 leads node 1 (the leaders' round is not from node 0).
+    let a = round_with_late(&ranks, 3, 8, LATE).expect("arrivals on the root");
+    assert_eq!(a.last_rank, 8, "{a:?}");
+    let all = ranks_of(&a);
+    assert_eq!(
+        all.len(),
+        5,
+        "node 1 in full, one rank of each other node: {a:?}"
+    );
+    assert!(
+        all.contains(&3) && all.contains(&4) && all.contains(&5),
+        "{a:?}"
+    );
+    assert_eq!(all.iter().filter(|&&r| r < 3).count(), 1, "{a:?}");
+}
+
+#[test]
+fn arrivals_that_would_name_a_rank_wrongly_are_not_reported() {
+    let (layout, ranks) = three_by_three();
+    // A root that does not lead its node hears its own node only.
+    assert!(round_with_late(&ranks, 4, 5, LATE).is_none());
+    // Nodes whose groups track no arrivals: a leader could only name itself.
+    let untracked = |n: usize| -> Vec<Arc<dyn Broadcaster>> {
+        LocalCluster::new(n)
+            .broadcasters()
+            .into_iter()
+            .map(|b| Arc::new(Untracked(b)) as Arc<dyn Broadcaster>)
+            .collect()
+    };
+    let nodes = (0..3).map(|_| untracked(3)).collect();
+    let leaders = LocalCluster::new(3)
+        .broadcasters()
+        .into_iter()
+        .map(|b| Arc::new(b) as Arc<dyn Broadcaster>)
+        .collect();
+    let blind: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
+        .expect("ranks")
+        .into_iter()
+        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+        .collect();
+    assert!(round_with_late(&blind, 0, 7, LATE).is_none());
+    // Leaders that cannot stand for others: a leader would be named for its node.
+    let nodes = (0..3)
+        .map(|_| LocalCluster::new(3).broadcasters())
+        .collect();
+    let leaders = untracked(3);
+    let unstood: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
+        .expect("ranks")
+        .into_iter()
+        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+        .collect();
+    assert!(round_with_late(&unstood, 0, 7, LATE).is_none());
+}
+
+/// The in-process backend without arrivals and without `stand_for`, as a collective
+/// backend that does not gather them.
+struct Untracked(LocalBroadcaster);
+
+#[async_trait::async_trait]
+impl Broadcaster for Untracked {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> lens_core::Result<Vec<u8>> {
+        self.0.broadcast(root, payload).await
+    }
+}
+
+#[test]
+fn only_the_root_hears_and_only_once() {
+    let (_, ranks) = three_by_three();
+    assert!(round_with_late(&ranks, 0, 1, Duration::ZERO).is_some());
+    for r in &ranks {
+        assert!(r.take_arrivals().is_none(), "rank {}", r.rank());
+    }
+}
