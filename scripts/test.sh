@@ -88,14 +88,25 @@ pylib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var(
 LD_LIBRARY_PATH="$pylib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LENS_ROTEL_AGENT="$rotel_agent" \
   timeout 300 cargo test -p lens --all-features --test cli_rotel -- --ignored
 
-step "Python package lens-trace (lens-py): pip install ./lens-py, then pytest"
+step "Python package lens-trace (lens-py): one wheel built, installed, then pytest"
 pip_q "maturin==1.16.0" "pytest==8.4.2" "opentelemetry-sdk==1.45.2" "numpy" "torch==2.15.0"
 # NeMo Lens itself, for the drop-in comparisons (it needs Python 3.13; without it those
 # tests are skipped, saying why).
 if [ "$pyver" = "3.13" ]; then pip_q "nemo-lens==0.1.0"; fi
-# Built as a user would (pip, maturin, release); no build isolation, so maturin comes from
-# the venv instead of a second download.
-PATH="$venv/bin:$PATH" pip_q --no-build-isolation --force-reinstall --no-deps ./lens-py
+# One wheel, built once as a release is (maturin, release, abi3), is what every Python test
+# below runs against.
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
+PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release --quiet -m lens-py/Cargo.toml -o "$wheels"
+wheel=$(ls "$wheels"/lens_trace-*-abi3-*.whl)
+pip_q --force-reinstall --no-deps "$wheel"
+# A user needs no Rust toolchain: the wheel goes into a fresh venv (its dependencies from
+# PyPI) and runs the package's 2-rank example with an empty PATH (no cargo, no rustc, no
+# compiler at all) and no environment but HOME.
+"$py" -m venv "$wheels/user"
+"$wheels/user/bin/pip" install -q --disable-pip-version-check "$wheel"
+mkdir "$wheels/empty"
+timeout 120 env -i HOME="$HOME" PATH="$wheels/empty" "$wheels/user/bin/python" lens-py/examples/two_ranks.py
 # The Rust ranks of the mixed Python/Rust job: cargo puts an example at a fixed path.
 cargo build -q -p lens-trace --all-features --example mixed_rank
 mixed_rank="$PWD/target/debug/examples/mixed_rank"
@@ -106,7 +117,7 @@ step "NCCL GPU tests on the fake CUDA driver and NCCL (lens-testkit's fake_gpu.c
 # Built by the test kit (FakeGpu::build, through its example), the one way it is built.
 cargo build -q --workspace --all-features --example fake_gpu
 fake_gpu=$(target/debug/examples/fake_gpu)
-trap 'rm -rf "$fake_gpu"' EXIT
+trap 'rm -rf "$fake_gpu" "$wheels"' EXIT
 [ -e "$fake_gpu/libcuda.so" ] || { echo "test.sh: no fake GPU in $fake_gpu" >&2; exit 1; }
 # The NCCL tests of the test step above (same flags: nothing rebuilds), with the fake on the
 # loader's path; cargo and rustc load neither libcuda nor libnccl.

@@ -4,7 +4,12 @@ arrives, a rank with the wrong key, a queued source (at its next call, at flush,
 import json
 import time
 
+import os
+
 from conftest import KEY, Procs, free_port, python_cmd, rank_env
+
+# How many times the clean-exit test runs its job (the package README gives the result of 50).
+EXIT_RUNS = int(os.environ.get("LENS_EXIT_RUNS", "3"))
 
 
 def last_json(text: str) -> dict:
@@ -136,3 +141,19 @@ def test_a_queued_source_that_exits_holding_its_group_waits_for_its_last_round(p
     # ended well before that.
     assert source_lived >= 1.4, (source_lived, text)
 
+
+
+def test_a_tcp_job_exits_with_status_0_every_time(tmp_path):
+    """The NeMo loop over lens's TCP group (4 ranks) returns normally on every rank, run
+    after run: the group's threads end with the interpreter, no abort, status 0."""
+    for i in range(EXIT_RUNS):
+        ps = Procs()
+        try:
+            port = free_port()
+            for r in range(4):
+                ps.start(python_cmd("nemo_loop.py", "tcp", str(tmp_path / f"{i}-{r}.jsonl")), rank_env(r, 4, port))
+            res = ps.wait_all(120)
+        finally:
+            ps.kill()
+        for r, (code, text) in enumerate(res):
+            assert code == 0, f"run {i}, rank {r} exited with {code}:\n{text}"
