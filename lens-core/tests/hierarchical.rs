@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lens_core::arrivals::Arrivals;
 use lens_core::{Broadcaster, Hierarchical, NodeLayout, blocking};
-use lens_testkit::{LocalBroadcaster, LocalCluster};
+use lens_testkit::{LocalBroadcaster, LocalCluster, on_each_rank};
 
 /// Three nodes of three ranks: [0, 1, 2], [3, 4, 5], [6, 7, 8].
 fn three_by_three() -> (NodeLayout, Vec<Arc<dyn Broadcaster>>) {
@@ -35,26 +35,18 @@ fn round_with_late(
     late: usize,
     by: Duration,
 ) -> Option<Arrivals> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|b| {
-                s.spawn(move || {
-                    if b.rank() == late {
-                        std::thread::sleep(by);
-                    }
-                    let payload = (b.rank() == root).then_some(&b"step"[..]);
-                    let got = blocking::broadcast(b.as_ref(), root, payload).expect("round");
-                    assert_eq!(got, b"step");
-                    (b.rank() == root).then(|| b.take_arrivals()).flatten()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().expect("rank thread"))
-            .next()
+    on_each_rank(ranks, |b| {
+        if b.rank() == late {
+            std::thread::sleep(by);
+        }
+        let payload = (b.rank() == root).then_some(&b"step"[..]);
+        let got = blocking::broadcast(b.as_ref(), root, payload).expect("round");
+        assert_eq!(got, b"step");
+        (b.rank() == root).then(|| b.take_arrivals()).flatten()
     })
+    .into_iter()
+    .flatten()
+    .next()
 }
 
 const LATE: Duration = Duration::from_millis(60);
@@ -117,37 +109,35 @@ fn arrivals_that_would_name_a_rank_wrongly_are_not_reported() {
     let (layout, ranks) = three_by_three();
     // A root that does not lead its node hears its own node only.
     assert!(round_with_late(&ranks, 4, 5, LATE).is_none());
-    // Nodes whose groups track no arrivals: a leader could only name itself.
-    let untracked = |n: usize| -> Vec<Arc<dyn Broadcaster>> {
-        LocalCluster::new(n)
-            .broadcasters()
-            .into_iter()
-            .map(|b| Arc::new(Untracked(b)) as Arc<dyn Broadcaster>)
+    // Three in-process groups of 3, each with or without arrivals and `stand_for`.
+    let groups = |tracked: bool| -> Vec<Vec<Arc<dyn Broadcaster>>> {
+        (0..3)
+            .map(|_| {
+                LocalCluster::new(3)
+                    .broadcasters()
+                    .into_iter()
+                    .map(|b| -> Arc<dyn Broadcaster> {
+                        if tracked {
+                            Arc::new(b)
+                        } else {
+                            Arc::new(Untracked(b))
+                        }
+                    })
+                    .collect()
+            })
             .collect()
     };
-    let nodes = (0..3).map(|_| untracked(3)).collect();
-    let leaders = LocalCluster::new(3)
-        .broadcasters()
-        .into_iter()
-        .map(|b| Arc::new(b) as Arc<dyn Broadcaster>)
-        .collect();
-    let blind: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
-        .expect("ranks")
-        .into_iter()
-        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
-        .collect();
-    assert!(round_with_late(&blind, 0, 7, LATE).is_none());
-    // Leaders that cannot stand for others: a leader would be named for its node.
-    let nodes = (0..3)
-        .map(|_| LocalCluster::new(3).broadcasters())
-        .collect();
-    let leaders = untracked(3);
-    let unstood: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
-        .expect("ranks")
-        .into_iter()
-        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
-        .collect();
-    assert!(round_with_late(&unstood, 0, 7, LATE).is_none());
+    // Nodes whose groups track no arrivals (a leader could only name itself), then leaders
+    // that cannot stand for others (a leader would be named for its node).
+    for (nodes, leaders) in [(groups(false), groups(true)), (groups(true), groups(false))] {
+        let leaders = leaders.into_iter().next().expect("one group of 3 leaders");
+        let ranks: Vec<Arc<dyn Broadcaster>> = Hierarchical::assemble(&layout, nodes, leaders)
+            .expect("ranks")
+            .into_iter()
+            .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+            .collect();
+        assert!(round_with_late(&ranks, 0, 7, LATE).is_none());
+    }
 }
 
 /// The in-process backend without arrivals and without `stand_for`, as a collective

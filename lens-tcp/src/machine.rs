@@ -209,8 +209,9 @@ impl RoundMachine {
         std::mem::take(&mut self.arrivals)
             .into_iter()
             .map(|a| Came {
+                rank: a.rank,
                 ns: -ns_between(a.at, start),
-                ..a.before(start)
+                shown: a.shown,
             })
             .collect()
     }
