@@ -165,3 +165,54 @@ fn only_the_root_hears_and_only_once() {
         assert!(r.take_arrivals().is_none(), "rank {}", r.rank());
     }
 }
+
+/// What the user's exporter receives: the source's step span, ended after a broadcast over
+/// the hierarchical group, carries the rank behind the late node.
+#[test]
+fn the_step_span_names_the_rank_behind_the_late_node() {
+    use lens_core::arrivals::keys;
+    use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider as _};
+    use opentelemetry::{Context, Value};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+
+    let (_, ranks) = three_by_three();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let tracer = provider.tracer("step");
+    on_each_rank(&ranks, |b| {
+        if b.rank() == 7 {
+            std::thread::sleep(LATE);
+        }
+        if b.rank() == 0 {
+            let cx = Context::new().with_span(tracer.start("train_step"));
+            blocking::broadcast_context(b.as_ref(), 0, &cx).expect("round");
+            cx.span().end();
+        } else {
+            blocking::broadcast_context(b.as_ref(), 0, &Context::new()).expect("round");
+        }
+    });
+    let spans = exporter.get_finished_spans().expect("spans");
+    let step = spans
+        .iter()
+        .find(|s| s.name == "train_step")
+        .expect("the step span");
+    let attr = |k: &str| {
+        step.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(
+        attr(keys::LAST_RANK),
+        Some(Value::I64(7)),
+        "{:?}",
+        step.attributes
+    );
+    assert!(
+        matches!(attr(keys::SPREAD_NS), Some(Value::I64(ns)) if ns >= 50_000_000),
+        "{:?}",
+        step.attributes
+    );
+}
