@@ -320,7 +320,12 @@ impl<L: Broadcaster, G: Broadcaster> Broadcaster for Hierarchical<L, G> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let a = self.leaders.as_ref()?.take_arrivals()?;
+        let leaders = self.leaders.as_ref()?;
+        if leaders.world_size() == 1 {
+            // One node: its leaders' round is no round, and the node is the whole job.
+            return Arrivals::from_instants(node);
+        }
+        let a = leaders.take_arrivals()?;
         let n = self.layout.world_size();
         // The ranks the leaders stood for are global already; votes are the leaders' own.
         let leader = |node: usize| self.layout.node(node)?.first().copied();

@@ -158,6 +158,24 @@ impl Broadcaster for Untracked {
 }
 
 #[test]
+fn a_single_node_is_the_whole_job() {
+    let layout = NodeLayout::uniform(3, 3).expect("layout");
+    let ranks: Vec<Arc<dyn Broadcaster>> =
+        Hierarchical::<LocalBroadcaster, LocalBroadcaster>::assemble(
+            &layout,
+            vec![LocalCluster::new(3).broadcasters()],
+            LocalCluster::new(1).broadcasters(),
+        )
+        .expect("ranks")
+        .into_iter()
+        .map(|h| Arc::new(h) as Arc<dyn Broadcaster>)
+        .collect();
+    let a = round_with_late(&ranks, 0, 2, LATE).expect("arrivals on the root");
+    assert_eq!(a.last_rank, 2, "{a:?}");
+    assert_eq!(ranks_of(&a), [0, 1, 2], "{a:?}");
+}
+
+#[test]
 fn only_the_root_hears_and_only_once() {
     let (_, ranks) = three_by_three();
     assert!(round_with_late(&ranks, 0, 1, Duration::ZERO).is_some());

@@ -9,27 +9,31 @@ use std::time::Duration;
 
 use common::lens;
 
+/// `lens bench` of 4 rank processes on 2 simulated hosts joined by `link`.
+fn bench_on_two_hosts(link: &str, iters: u32, more: &[&str]) -> common::Run {
+    let iters = iters.to_string();
+    let mut args = vec![
+        "bench",
+        "--backend",
+        "tcp",
+        "--processes",
+        "--ranks",
+        "4",
+        "--hosts",
+        "2",
+        "--link",
+        link,
+        "--iters",
+        &iters,
+    ];
+    args.extend_from_slice(more);
+    lens(&args, Duration::from_secs(180))
+}
+
 #[test]
 #[ignore = "needs root, /dev/net/tun and ip: scripts/test.sh runs it with --ignored"]
 fn bench_on_simulated_hosts_crosses_the_links_and_says_so() {
-    let run = lens(
-        &[
-            "bench",
-            "--backend",
-            "tcp",
-            "--processes",
-            "--ranks",
-            "4",
-            "--hosts",
-            "2",
-            "--link",
-            "rtt=2ms",
-            "--iters",
-            "40",
-            "--json",
-        ],
-        Duration::from_secs(180),
-    );
+    let run = bench_on_two_hosts("rtt=2ms", 40, &["--json"]);
     let lines = run.bench_lines("tcp", &[(4, "raw"), (4, "lens_bytes"), (4, "lens")], 40);
     // Ranks 2 and 3 are on host 1, 2 ms of round trip from rank 0: every round crosses it.
     for line in &lines {
@@ -44,23 +48,7 @@ fn bench_on_simulated_hosts_crosses_the_links_and_says_so() {
 #[test]
 #[ignore = "needs root, /dev/net/tun and ip: scripts/test.sh runs it with --ignored"]
 fn bench_table_names_the_hosts_and_the_switch_cost() {
-    let run = lens(
-        &[
-            "bench",
-            "--backend",
-            "tcp",
-            "--processes",
-            "--ranks",
-            "4",
-            "--hosts",
-            "2",
-            "--link",
-            "rtt=400us",
-            "--iters",
-            "20",
-        ],
-        Duration::from_secs(180),
-    );
+    let run = bench_on_two_hosts("rtt=400us", 20, &[]);
     assert!(run.ok, "{}", run.stderr);
     assert!(
         run.stdout.contains("2 simulated hosts, link \"rtt=400us\"")
