@@ -19,7 +19,8 @@ use crate::errors::IntoPy as _;
 
 /// One rank of a lens group. Every rank calls each broadcast, in the same order; each wait
 /// is bounded by the group's timeout and runs with the GIL released.
-#[pyclass(module = "lens_trace._native", frozen)]
+// `weakref`: torch_group keeps its groups in a WeakSet, to close them at exit.
+#[pyclass(module = "lens_trace._native", frozen, weakref)]
 pub(crate) struct Group {
     /// `None` once closed.
     inner: RwLock<Option<Arc<dyn Broadcaster>>>,
@@ -151,11 +152,24 @@ impl Group {
     /// How the ranks came to the last round this rank was the source of, where the
     /// transport knows (`tcp_group`, `local_cluster`): a tuple
     /// `(last_rank, spread_ns, [(rank, ns_after_first), ...latest first])`, taken (asked
-    /// once); `None` elsewhere.
-    fn take_arrivals(&self) -> Option<(usize, u64, Vec<(usize, u64)>)> {
+    /// once); `None` elsewhere. The list holds only ranks later than `later_than_ns` after
+    /// the first, and at most `most` of them, where given: the source asks for the few it
+    /// reports, not a tuple per rank of the group.
+    #[pyo3(signature = (later_than_ns=None, most=None))]
+    fn take_arrivals(
+        &self,
+        later_than_ns: Option<u64>,
+        most: Option<usize>,
+    ) -> Option<(usize, u64, Vec<(usize, u64)>)> {
         let b = self.live().ok()?;
-        b.take_arrivals()
-            .map(|a| (a.last_rank, a.spread_ns, a.ranks))
+        let a = b.take_arrivals()?;
+        let ranks = a
+            .ranks
+            .into_iter()
+            .filter(|&(_, ns)| later_than_ns.is_none_or(|t| ns > t))
+            .take(most.unwrap_or(usize::MAX))
+            .collect();
+        Some((a.last_rank, a.spread_ns, ranks))
     }
 
     /// How many rounds this rank has started, where the transport counts them.
@@ -206,8 +220,15 @@ impl Group {
             let mut guard = self.inner.write().unwrap_or_else(|p| p.into_inner());
             guard.take()
         };
-        // A TCP group's sockets close as it drops; let that happen without the GIL.
-        py.detach(move || drop((taken, tcp)));
+        if tcp.is_some() {
+            // A TCP group's sockets close as it drops; let that happen without the GIL.
+            py.detach(move || drop((taken, tcp)));
+        } else {
+            // A callback group holds Python objects (torch's process group): dropped with
+            // the GIL held they go now, not whenever PyO3 next takes the GIL (at exit,
+            // perhaps never, or in the interpreter's teardown).
+            drop(taken);
+        }
         flushed.py(py)
     }
 

@@ -145,6 +145,24 @@ elif mode == "wrong_rank":
                 c = broadcast_trace_context(r - 1, 0)
         out("tp", c["traceparent"], "warnings", sum(issubclass(x.category, RuntimeWarning) for x in w))
     dist.destroy_process_group()
+elif mode == "sizes":
+    # Carriers short, past the slab (its rest in a second collective), then short again:
+    # every rank gets each one whole, nothing of a longer one left in the reused slab.
+    from opentelemetry import baggage, context
+    sizes = [0, 600, 3, 0, 1200, 1]
+    got = []
+    for i, size in enumerate(sizes):
+        if r == 0:
+            token = context.attach(baggage.set_baggage("k", "v" * size)) if size else None
+            with tracer.start_as_current_span(f"s{i}"):
+                c = broadcast_trace_context(r, 0)
+            if token is not None:
+                context.detach(token)
+        else:
+            c = broadcast_trace_context(r, 0)
+        got.append((len(c.get("baggage", "")), c["traceparent"][:2]))
+    out(*[f"{b}:{t}" for b, t in got])
+    dist.destroy_process_group()
 elif mode == "straggler":
     # Arrival times gathered every round: rank 2 comes 60 ms late to the second step, and
     # the source's span names it.
@@ -244,6 +262,13 @@ def test_a_wrong_rank_argument_uses_the_group_s_rank_and_warns_once(procs: Procs
     lines = torch_job(procs, tmp_path, "wrong_rank")
     assert len({line[1] for line in lines}) == 1, lines
     assert [line[3] for line in lines] == ["0"] + ["1"] * (WORLD - 1), lines
+
+
+def test_carriers_of_every_size_arrive_whole_in_turn(procs: Procs, tmp_path):
+    lines = torch_job(procs, tmp_path, "sizes", world=3)
+    # "k=" and the value: 0 where no baggage was set.
+    want = [f"{n + 2 if n else 0}:00" for n in (0, 600, 3, 0, 1200, 1)]
+    assert lines == [want] * 3, lines
 
 
 def test_gathered_arrivals_name_the_straggler_on_the_source_s_span(procs: Procs, tmp_path):

@@ -16,11 +16,13 @@ class Group:
     def backend(self) -> str: ...
     @property
     def timeout(self) -> Optional[float]: ...
-    @property
-    def take_arrivals(self) -> Optional[Tuple[int, int, List[Tuple[int, int]]]]:
+    def take_arrivals(
+        self, later_than_ns: Optional[int] = None, most: Optional[int] = None
+    ) -> Optional[Tuple[int, int, List[Tuple[int, int]]]]:
         """How the ranks came to the last round this rank was the source of, where the
         transport knows: ``(last_rank, spread_ns, [(rank, ns_after_first), ...])``, latest
-        first; taken (asked once)."""
+        first, only those later than ``later_than_ns`` and at most ``most`` where given;
+        taken (asked once)."""
     def rounds_started(self) -> Optional[int]:
         """How many rounds this rank has started, where the transport counts them."""
     def clock_offsets(self, reference: int = 0, repetitions: int = 4) -> List[Tuple[int, int]]:

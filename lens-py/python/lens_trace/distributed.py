@@ -35,7 +35,7 @@ from typing import Any, Optional, Union
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.context import Context
+from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -79,6 +79,8 @@ _group_lock = threading.Lock()
 _group: Optional[Any] = None
 # The torch world group lens made for the process group now initialised, by its identity.
 _torch_world: "tuple[Any, Any]" = (None, None)
+# torch.distributed, once imported for the world group.
+_dist: Any = None
 _warned_rank = False
 # Set by run_local: each thread of an in-process cluster has its own rank's group.
 _thread = threading.local()
@@ -133,17 +135,23 @@ def _find_group() -> Any:
     group = getattr(_thread, "group", None) or _group
     if group is not None:
         return group
+    # The common case, checked first: the world group made before is still torch's (a
+    # destroyed process group reads as None, a new one as another object).
+    pg, made = _torch_world
+    if made is not None and _dist is not None and _dist.group.WORLD is pg:
+        return made
     return _torch_world_group()
 
 
 def _torch_world_group() -> Any:
     """lens's group over torch's world group, made once per initialised process group;
     ``None`` where torch is missing or ``torch.distributed`` is not initialised."""
-    global _torch_world
+    global _torch_world, _dist
     try:
         import torch.distributed as dist
     except ImportError:
         return None
+    _dist = dist
     if not dist.is_available() or not dist.is_initialized():
         return None
     world = dist.group.WORLD
@@ -170,11 +178,21 @@ def _close_torch_world() -> None:
 
 
 def _default_textmap(textmap: Any) -> bool:
-    """Whether ``textmap`` is OpenTelemetry's default: W3C trace context, then baggage."""
-    if not isinstance(textmap, CompositePropagator):
-        return False
-    kinds = [type(p) for p in getattr(textmap, "_propagators", ())]
-    return kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    """Whether ``textmap`` is OpenTelemetry's default: W3C trace context, then baggage.
+    Asked on every broadcast, so the answer for the last global textmap is kept."""
+    global _last_textmap
+    seen, default = _last_textmap
+    if seen is textmap:
+        return default
+    default = False
+    if isinstance(textmap, CompositePropagator):
+        kinds = [type(p) for p in getattr(textmap, "_propagators", ())]
+        default = kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    _last_textmap = (textmap, default)
+    return default
+
+
+_last_textmap: "tuple[Any, bool]" = (None, False)
 
 
 def inject_carrier(context: Optional[Context] = None) -> dict:
@@ -187,6 +205,8 @@ def inject_carrier(context: Optional[Context] = None) -> dict:
         textmap.inject(carrier, context=context)
         return carrier
     # The default pair, written directly: the same headers the two propagators write.
+    if context is None:
+        context = get_current()  # once, for the span and the baggage
     sc = trace.get_current_span(context).get_span_context()
     if sc.is_valid:
         carrier["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
@@ -255,8 +275,12 @@ def broadcast_trace_context(
     :raises TypeError: a rank that is not an int.
     """
     global _warned_rank
-    rank = _check_int("rank", rank)
-    src_rank = _check_int("src_rank", src_rank)
+    if type(rank) is not int or type(src_rank) is not int:  # checked in full off the hot path
+        rank = _check_int("rank", rank)
+        src_rank = _check_int("src_rank", src_rank)
+    if rank < 0 or src_rank < 0:
+        _check_int("rank", rank)
+        _check_int("src_rank", src_rank)
     g = group if group is not None else _find_group()
     if g is None:
         return None

@@ -106,15 +106,19 @@ def open_spans() -> List[Tuple[str, int]]:
 def record_arrivals(group: Any, context: Optional[Context]) -> None:
     """The source, after its broadcast: how the ranks came, on its current span."""
     take = getattr(group, "take_arrivals", None)
-    got = take() if take is not None else None
+    if take is None:
+        return
+    try:  # lens's groups pick the late ranks natively; another group's may not take arguments
+        got = take(_late_threshold_ns, MAX_LATE_EVENTS)
+    except TypeError:
+        got = take()
     if got is None:
         return
     last_rank, spread_ns, ranks = got
     span = trace.get_current_span(context)
     if not span.is_recording():
         return
-    span.set_attribute(LAST_RANK, int(last_rank))
-    span.set_attribute(SPREAD_NS, int(spread_ns))
+    span.set_attributes({LAST_RANK: int(last_rank), SPREAD_NS: int(spread_ns)})
     late = [(r, ns) for r, ns in ranks if ns > _late_threshold_ns][:MAX_LATE_EVENTS]
     for r, ns in late:
         span.add_event(LATE_EVENT, {LATE_RANK: int(r), LATE_NS: int(ns)})

@@ -59,6 +59,8 @@ def round_failed(group: Any) -> None:
 
 
 def _samplers_of(group: Any) -> List["StepSampler"]:
+    if not _registry:  # no sampler anywhere, the usual case: no lock on every round
+        return []
     with _registry_lock:
         return list(_registry.get(id(group), ()))
 

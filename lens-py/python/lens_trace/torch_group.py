@@ -9,7 +9,10 @@ when :func:`torch_group` is called.
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -23,6 +26,47 @@ __all__ = ["torch_group", "DEFAULT_SLAB_SIZE"]
 DEFAULT_SLAB_SIZE = 256
 
 
+_last_timedelta: "tuple[int, timedelta]" = (-1, timedelta(0))
+
+# Every group torch_group made and not yet collected, closed at exit: each holds torch's
+# process group (through its collective), which must go while the interpreter is whole,
+# not in its teardown, where a gloo group's threads have been seen to end the process
+# with "terminate called without an active exception".
+_made: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_made_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _close_made() -> None:
+    with _made_lock:
+        groups = list(_made)
+    for g in groups:
+        g.close()
+
+
+def _remember(group: Any) -> None:
+    global _atexit_registered
+    with _made_lock:
+        _made.add(group)
+        if not _atexit_registered:
+            # Registered after torch was imported, so it runs before torch's own hooks.
+            atexit.register(_close_made)
+            _atexit_registered = True
+
+
+def _timedelta(seconds: float) -> timedelta:
+    """``seconds`` (at least 1 ms) as a ``timedelta``, in whole milliseconds rounded down.
+    A round's time left barely changes from one round to the next, so the last one made is
+    usually the one asked for (a new one costs about 1.5 µs)."""
+    global _last_timedelta
+    ms = max(int(seconds * 1000), 1)
+    last_ms, td = _last_timedelta
+    if ms != last_ms:
+        td = timedelta(milliseconds=ms)
+        _last_timedelta = (ms, td)
+    return td
+
+
 def _wait(work: Any, timeout: float, cpu: bool) -> None:
     """Waits for an async torch collective within ``timeout`` seconds.
 
@@ -33,7 +77,7 @@ def _wait(work: Any, timeout: float, cpu: bool) -> None:
     """
     if cpu:
         try:
-            done = work.wait(timeout=timedelta(seconds=max(timeout, 1e-3)))
+            done = work.wait(timeout=_timedelta(timeout))
         except RuntimeError as e:
             if "timed out" in str(e).lower() or "timeout" in str(e).lower():
                 raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s: {e}") from e
@@ -104,20 +148,34 @@ def torch_group(
     world = pg is dist.group.WORLD
     global_rank = [r if world else dist.get_global_rank(pg, r) for r in range(world_size)]
 
+    options: "dict[int, Any]" = {}  # BroadcastOptions by root, made once each
+
     def launch(t: Any, root: int) -> Any:
         if direct:
-            opts = dist.BroadcastOptions()
-            opts.rootRank = root
-            opts.rootTensor = 0
+            opts = options.get(root)
+            if opts is None:
+                opts = dist.BroadcastOptions()
+                opts.rootRank = root
+                opts.rootTensor = 0
+                options[root] = opts
             return pg.broadcast([t], opts)
         return dist.broadcast(t, src=global_rank[root], group=pg, async_op=True)
 
     def collective(buf: bytearray, root: int, left: float) -> None:
-        host = torch.frombuffer(buf, dtype=torch.uint8)  # shares buf's memory
-        t = host if cpu else host.to(device)
+        if len(buf) == slab_size:
+            slab[:] = buf
+            host = slab_tensor
+            t = host if cpu else on_device
+            if t is not host:
+                t.copy_(host)
+        else:  # a long carrier's rest: once in a while
+            host = torch.frombuffer(buf, dtype=torch.uint8)  # shares buf's memory
+            t = host if cpu else host.to(device)
         _wait(launch(t, root), left, cpu)
         if t is not host:
             host.copy_(t.cpu())
+        if host is slab_tensor:
+            buf[:] = slab
 
     def gather(value: int, root: int, left: float) -> "list[int]":
         mine = torch.tensor([value], dtype=torch.int64, device=device)
@@ -125,7 +183,7 @@ def torch_group(
         _wait(dist.all_gather(every, mine, group=pg, async_op=True), left, cpu)
         return torch.cat(every).cpu().tolist()  # one copy to the host, not one per rank
 
-    return _native.callback_group(
+    group = _native.callback_group(
         collective,
         rank,
         world_size,
@@ -134,3 +192,10 @@ def torch_group(
         gather=gather,
         arrivals_every=arrivals_every,
     )
+    # Made once the slab size is known to be good: each round's slab is copied into this
+    # buffer, whose tensor is made once (cheaper than a tensor over each round's new one).
+    slab = bytearray(slab_size)
+    slab_tensor = torch.frombuffer(slab, dtype=torch.uint8)
+    on_device = None if cpu else slab_tensor.to(device)
+    _remember(group)
+    return group

@@ -1,0 +1,150 @@
+"""Where the time of one ``broadcast_trace_context`` goes, on every rank, by phase.
+
+    python lens-py/bench/phases.py --ranks 2,4 --iters 2000
+
+For each group size it starts that many rank processes on 127.0.0.1 and, on both a
+``torch_group`` (gloo) and a ``tcp_group``, runs the steps of ``broadcast_trace_context``
+one by one after a gloo barrier, timing each on each rank:
+
+- ``pre``: the argument checks, finding the group, and on the source the carrier injected
+  from the current span (``inject_carrier``);
+- ``round``: the group's native ``broadcast_map`` (encode, the one collective, decode, a
+  ``dict`` back), with the GIL released while it waits;
+- ``post``: on the source, how the ranks came written on its span (``record_arrivals``,
+  TCP only), the samplers told (``after_round``) and the ``RemoteCarrier`` made;
+- ``raw``: the bare collective in the same run: one gloo broadcast of the slab (launched as
+  lens launches it) or the TCP group's round of the carrier's bytes.
+
+Prints the median µs of each phase per rank: the README's table of where each
+microsecond goes comes from this script.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+
+def rank_main(group_kind: str, iters: int, warmup: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import lens_trace
+    from lens_trace import distributed as lens
+    from lens_trace.observe import record_arrivals
+    from lens_trace.sample import after_round
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    tcp = lens_trace.tcp_group() if group_kind == "tcp" else None
+    if tcp is not None:
+        lens.set_group(tcp)
+        payload = lens_trace.encode_carrier({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+
+        def raw() -> None:
+            tcp.broadcast(0, payload if rank == 0 else None)
+
+    else:
+        pg = dist.group.WORLD
+        tensor = torch.zeros(256, dtype=torch.uint8)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+
+        def raw() -> None:
+            pg.broadcast([tensor], opts).wait(timeout=timedelta(seconds=30))
+
+    clock = time.perf_counter_ns
+    phases = {"pre": [], "round": [], "post": [], "total": [], "raw": []}
+    tracer = TracerProvider().get_tracer("bench")
+    with tracer.start_as_current_span("train_step"):
+        for i in range(warmup + iters):
+            dist.barrier()
+            t0 = clock()
+            lens._check_int("rank", rank)
+            lens._check_int("src_rank", 0)
+            g = lens._find_group()
+            mine = lens.inject_carrier(None) if rank == 0 else None
+            t1 = clock()
+            got = g.broadcast_map(0, mine)
+            t2 = clock()
+            if rank == 0:
+                record_arrivals(g, None)
+            after_round(g)
+            lens.RemoteCarrier(got, source_rank=0)
+            t3 = clock()
+            dist.barrier()
+            t4 = clock()
+            raw()
+            t5 = clock()
+            if i >= warmup:
+                for name, ns in (("pre", t1 - t0), ("round", t2 - t1), ("post", t3 - t2), ("total", t3 - t0), ("raw", t5 - t4)):
+                    phases[name].append(ns / 1000)
+    lens.set_group(None)
+    if tcp is not None:
+        tcp.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({name: statistics.median(v) for name, v in phases.items()}), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--rank-main", choices=["torch", "tcp"], help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rank_main:
+        rank_main(a.rank_main, a.iters, a.warmup)
+        return
+    print(f"{'ranks':>5} {'group':>5} {'rank':>4} {'pre':>7} {'round':>7} {'post':>7} {'total':>7} {'raw':>7}  (median µs)")
+    for n in [int(x) for x in a.ranks.split(",")]:
+        for kind in ("torch", "tcp"):
+            torch_port, lens_port = free_port(), free_port()
+            procs = []
+            for r in range(n):
+                env = dict(
+                    os.environ,
+                    RANK=str(r),
+                    WORLD_SIZE=str(n),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(torch_port),
+                    LENS_TCP_ADDR=f"127.0.0.1:{lens_port}",
+                    LENS_TCP_KEY="lens-py-bench-key-0123456789abcdef",
+                    GLOO_SOCKET_IFNAME="lo",
+                )
+                env.pop("LENS_TCP_KEY_FILE", None)
+                cmd = [sys.executable, __file__, "--rank-main", kind, "--iters", str(a.iters), "--warmup", str(a.warmup)]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            try:
+                outs = [pr.communicate(timeout=900) for pr in procs]
+            finally:
+                for pr in procs:
+                    pr.kill()
+            if any(pr.returncode for pr in procs):
+                for r, (_, e) in enumerate(outs):
+                    print(f"rank {r} exited {procs[r].returncode}:\n{e[-2000:]}", file=sys.stderr)
+                sys.exit(1)
+            for r, (o, _) in enumerate(outs):
+                f = json.loads(o.strip().splitlines()[-1])
+                print(
+                    f"{n:>5} {kind:>5} {r:>4} {f['pre']:>7.1f} {f['round']:>7.1f} {f['post']:>7.1f} {f['total']:>7.1f} {f['raw']:>7.1f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
