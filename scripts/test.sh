@@ -130,6 +130,10 @@ timeout 600 cargo test --workspace --doc --all-features
 step "docs build without warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --all-features
 
+step "every crate packages alone and builds from its package, as crates.io would"
+# lens-py is a Python extension, shipped as a wheel (built above), not a crate.
+timeout 900 cargo package -q --workspace --exclude lens-py --allow-dirty
+
 step "demo smoke run"
 timeout 120 cargo run -q -p lens -- demo --ranks 8 --steps 2 --quiet
 timeout 180 cargo run -q -p lens --features tcp -- demo --backend tcp --ranks 4 --steps 2 --quiet

@@ -40,7 +40,7 @@ pub fn broadcast(b: &dyn Broadcaster, root: usize, payload: Option<&[u8]>) -> Re
         Some(done) => done,
         None => futures::executor::block_on(b.broadcast(root, payload)),
     };
-    done.map_err(|e| crate::broadcaster::failed(b, e))
+    done.map_err(|e| crate::round::failed(b, e))
 }
 
 /// Blocking [`crate::broadcast_trace_context`]; the source injects this thread's current

@@ -8,10 +8,11 @@ use opentelemetry::trace::TraceContextExt;
 
 use crate::arrivals::late_threshold;
 
-use crate::broadcaster::{Broadcaster, round};
+use crate::broadcaster::Broadcaster;
 use crate::carrier::w3c::parse_traceparent;
 use crate::carrier::{Carrier, TRACEPARENT};
 use crate::error::{Error, Result};
+use crate::round::round;
 
 /// Broadcasts the source rank's *current* trace context to every rank of `b`.
 ///

@@ -95,7 +95,7 @@ pub trait Broadcaster: Send + Sync {
     }
 
     /// How many rounds this rank has started, the one running included, where the backend
-    /// counts them: a hang report ([`crate::hang`]) names the round that timed out by it.
+    /// counts them: a hang report names the round that timed out by it.
     fn rounds_started(&self) -> Option<u64> {
         None
     }
@@ -127,28 +127,6 @@ pub trait Broadcaster: Send + Sync {
         let _ = (rank, came);
         false
     }
-}
-
-/// One round through [`Broadcaster::broadcast_sync`] where the backend has it, else
-/// [`Broadcaster::broadcast`].
-pub(crate) async fn round(
-    b: &dyn Broadcaster,
-    root: usize,
-    payload: Option<&[u8]>,
-) -> Result<Vec<u8>> {
-    let done = match b.broadcast_sync(root, payload) {
-        Some(done) => done,
-        None => b.broadcast(root, payload).await,
-    };
-    done.map_err(|e| failed(b, e))
-}
-
-/// A round failed: the step sampler keeps what it holds, then a timeout is reported.
-pub(crate) fn failed(b: &dyn Broadcaster, e: Error) -> Error {
-    if let Some(s) = b.step_sampler() {
-        s.on_round_error();
-    }
-    crate::hang::on_error(b, e)
 }
 
 /// Longest deadline any lens backend accepts (one year). Deadlines are added to the clock,

@@ -27,8 +27,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::broadcaster::{Broadcaster, round};
+use crate::broadcaster::Broadcaster;
 use crate::error::{Error, Result};
+use crate::round::round;
 
 /// One rank's wall clock against the reference rank's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

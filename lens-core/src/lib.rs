@@ -73,6 +73,7 @@ pub mod hang;
 mod hierarchical;
 pub mod link;
 pub mod rank;
+mod round;
 pub mod sample;
 
 pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_context};

@@ -1,6 +1,6 @@
 //! The environment variables lens-otlp reads. The `OTEL_*` ones are OpenTelemetry's own, with
 //! the meaning the OTel specification gives them; a value lens cannot honour is an error
-//! naming the variable, never ignored. The README's table lists them all.
+//! naming the variable, never ignored. The guide's configuration reference (`docs/guide/configuration.md`) lists them all.
 
 /// `grpc` or `http/protobuf` (the default): how spans are sent. `http/json` is refused.
 pub const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";

@@ -1,4 +1,4 @@
-//! The README promises that the standard `OTEL_BSP_*` variables set the batch processor.
+//! The guide's export page promises that the standard `OTEL_BSP_*` variables set the batch processor.
 //! They are read from the process environment, so the check runs in a child process of this
 //! test binary with the variables set (changing the environment of a threaded test is
 //! unsound), under a deadline.

@@ -8,7 +8,7 @@
 //! numbered by round, and acknowledged, so a missing rank becomes
 //! [`lens_core::Error::Timeout`] naming it and a stranger's bytes never become a payload.
 //! The threat model (what a stranger, the network and a buggy insider can and cannot do,
-//! and what travels in clear) is in the project README, section "Threat model".
+//! and what travels in clear) is in the guide, `docs/guide/tcp.md`, section "Threat model".
 //!
 //! A socket, thread or resolver call that fails is a [`lens_core::Error::Transport`] whose
 //! source is a [`TcpError`] (which kind of call, and the system's answer).

@@ -1,7 +1,7 @@
 //! One round: the state machine (`machine.rs`) driven by this rank's connections. Between
 //! rounds the rank serves what arrives ([`RankState::serve_idle`]): joins, strangers, frames of
 //! later rounds (kept), repeats of a finished round (answered again), and the frames of a
-//! round this rank returned from early as a queued source ([`OpenRound`]).
+//! round this rank returned from early as a queued source (`OpenRound`).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -11,7 +11,7 @@ use lens_core::{Error, Result};
 use crate::frame::{Frame, Kind};
 use crate::message::Message;
 use crate::net::{ConnId, Side};
-use crate::state::{Input, RankState};
+use crate::state::{Input, OpenRound, RankState};
 
 use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
 
@@ -20,15 +20,6 @@ const PENDING_PER_RANK: usize = 4;
 /// The longest a queued source's next call spends on what has already arrived for its
 /// open round before that round's deadline applies.
 const DRAIN: Duration = Duration::from_millis(50);
-
-/// A round this rank returned from as its root before it was over
-/// ([`crate::SourceReturns::Queued`]): whatever serves the connections feeds it, and the
-/// rank's next call (or a flush) ends it.
-#[derive(Debug)]
-pub(crate) struct OpenRound {
-    m: RoundMachine,
-    root: usize,
-}
 
 /// The machine's links over this rank's connections, for one round's frames.
 struct GroupLinks<'a> {

@@ -57,7 +57,7 @@ pub(crate) struct RankState {
     /// beside the missing ranks. Empty on other ranks, which keep no record.
     pub last_seen: Vec<u64>,
     /// The round this rank returned from as a queued source, until it is over.
-    pub open: Option<crate::round::OpenRound>,
+    pub open: Option<OpenRound>,
     /// A member: the ranks rank 0's last failed round waited for, as rank 0 told every rank
     /// it could reach (relayed down the tree); cleared when a later round delivers. A round
     /// that then waits in vain for the parent names them, the root cause, through the path
@@ -66,6 +66,15 @@ pub(crate) struct RankState {
 }
 
 pub(crate) use crate::handshake::wire_u32 as wire;
+
+/// A round this rank returned from as its root before it was over
+/// ([`crate::SourceReturns::Queued`]): whatever serves the connections feeds it, and the
+/// rank's next call (or a flush) ends it (`round.rs`).
+#[derive(Debug)]
+pub(crate) struct OpenRound {
+    pub(crate) m: crate::machine::RoundMachine,
+    pub(crate) root: usize,
+}
 
 /// A fresh nonce from the operating system.
 pub(crate) fn nonce() -> Result<Nonce> {

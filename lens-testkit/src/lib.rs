@@ -11,6 +11,7 @@
 //! - [`fake_gpu`]: a fake CUDA driver and NCCL, for the NCCL backend's tests without a GPU.
 //! - [`hosts`]: simulated hosts on one machine (network namespaces and a switch that delays,
 //!   drops, cuts and resets), for tests of ranks on separate hosts.
+//! - [`docs`]: the code blocks of a Markdown page, for tests that run the documentation.
 //! - [`globals`]: code written against the global tracer or `tracing` macros, run per rank.
 //! - `otlp` (feature `otlp`): a real OTLP receiver (gRPC and HTTP/protobuf) on 127.0.0.1.
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@
 
 mod cluster;
 pub mod conformance;
+pub mod docs;
 pub mod fake_gpu;
 mod fault;
 pub mod globals;

@@ -30,7 +30,7 @@
 //! current span if it has one (as NeMo Lens does), else the broadcast span, so a rank with
 //! no span of its own lands in the source's trace. [`Parent::Remote`] always joins it. In
 //! async code pass contexts explicitly ([`broadcast_context`], `start_with_context`): a
-//! context guard is not `Send`. The README's "Writing rank code" shows rank code generic
+//! context guard is not `Send`. The guide's "Writing rank code" (docs/guide/rust.md) shows rank code generic
 //! over the tracer, so that the test kit can run it; ARCHITECTURE.md shows where things live.
 //!
 //! # Quick start
@@ -131,3 +131,15 @@ pub use layer::otlp_layer;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's Rust examples, compiled and run as doc tests: one item per page that has
+/// any (`lens/tests/docs.rs` checks that every such page is here).
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../../docs/guide/rust.md")]
+    pub struct Rust;
+    #[doc = include_str!("../../docs/guide/export.md")]
+    pub struct Export;
+    #[doc = include_str!("../../docs/guide/sampling.md")]
+    pub struct Sampling;
+}

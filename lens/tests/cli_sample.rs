@@ -209,7 +209,7 @@ fn bad_sampling_rules_and_step_delays_are_refused_saying_why() {
 
 /// `lens sample-bench` runs the same job twice and reports what the sampler kept: every
 /// slow step whole, the same steps on every rank (in process here; its figures at scale
-/// are in the README).
+/// are in docs/guide/sampling.md).
 #[test]
 fn the_sample_bench_keeps_every_slow_step_whole() {
     let mut backends = vec!["local"];

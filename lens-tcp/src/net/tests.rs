@@ -1,5 +1,5 @@
 //! The limits on unproven connections, each one alone, against raw TCP peers on loopback.
-//! These back the README's threat-model figures.
+//! These back the threat model's figures (docs/guide/tcp.md).
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -166,7 +166,7 @@ fn an_unproven_connection_cannot_announce_a_large_frame() {
         "{events:?}"
     );
     assert!(closed(&mut peer));
-    assert_eq!(JOIN_FRAME_MAX, 342, "the README says 342 bytes");
+    assert_eq!(JOIN_FRAME_MAX, 342, "docs/guide/tcp.md says 342 bytes");
     assert_eq!(PREFIX, 4);
 }
 

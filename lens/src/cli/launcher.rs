@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::export::{ExportRecord, OTLP_LINE};
-use super::rank::Decided;
+use super::record::Decided;
 use super::record::{
     CLOCK_LINE, Job, KEPT_LINE, SPAN_LINE, SpanRecord, clock_from_json, kept_from_json,
 };

@@ -15,6 +15,8 @@ mod backend;
 mod backends;
 mod bench;
 mod demo;
+#[cfg(test)]
+mod docs_tests;
 mod export;
 #[cfg(feature = "tcp")]
 mod hosts;
@@ -28,6 +30,8 @@ mod record;
 mod sample_bench;
 #[cfg(feature = "tcp")]
 mod soak;
+#[cfg(feature = "tcp")]
+mod soak_sample;
 mod view;
 
 pub(crate) use args::Cli;

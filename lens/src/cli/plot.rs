@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::soak::Sample;
+use super::soak_sample::Sample;
 
 const PANEL_W: f64 = 560.0;
 const PANEL_H: f64 = 150.0;

@@ -14,7 +14,7 @@ use opentelemetry_sdk::trace::{
 use super::args::{DemoArgs, ParentArg};
 use super::backends::{StepDelays, step_delays};
 use super::export::{ExportRecord, OtlpChoice, job_info};
-use super::record::SpanRecord;
+use super::record::{Decided, SpanRecord};
 
 /// The span rank 0 opens for each step.
 pub(crate) const STEP_SPAN: &str = "train_step";
@@ -102,10 +102,6 @@ pub(crate) struct RankRun {
     pub(crate) export: Option<ExportRecord>,
     pub(crate) kept: Option<Vec<Decided>>,
 }
-
-/// A step the sampler decided: the demo's step (from 0) and why it was kept (`None`:
-/// dropped).
-pub(crate) type Decided = (i64, Option<String>);
 
 /// The demo's steps as a rank's sampler decided them. Each demo step is one broadcast, the
 /// sampler's step `s` being the demo's `s - 1`.

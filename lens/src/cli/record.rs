@@ -6,7 +6,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lens::link::attributes::LINK_SOURCE_RANK;
 use lens::{ClockOffset, arrivals, hang};
 
-use super::rank::Decided;
 use opentelemetry::{Array, Value};
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value as Json, json};
@@ -290,6 +289,10 @@ impl Job {
         })
     }
 }
+
+/// A step the sampler decided: the demo's step (from 0) and why it was kept (`None`:
+/// dropped).
+pub(crate) type Decided = (i64, Option<String>);
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 //! stranger on host 0 knocks at rank 0's port and the switch resets a connection of host 1
 //! every `--reset-every` seconds. Each rank reports every `--sample-every` seconds: its
 //! rounds' p50 and p99, failures, RSS, open descriptors and threads. The run ends with the
-//! table, each series' slope (least squares, first sample left out as warm-up), a verdict
+//! table, each series' slope (the median of pairwise slopes, first sample left out as warm-up), a verdict
 //! per series, and an SVG plot with `--svg`.
 
 use std::io::{BufRead as _, BufReader, Read, Write as _};
@@ -14,53 +14,16 @@ use std::time::{Duration, Instant};
 use lens::blocking;
 use lens::tcp::{TcpBroadcaster, TcpConfigBuilder};
 use lens::testkit::hosts::{Link, Network};
-use serde_json::json;
 
 use super::args::SoakArgs;
 use super::backends::tcp_key;
 use super::hosts::Placement;
 use super::launcher::{reason_of, run_collect};
 use super::plot;
+use super::soak_sample::Sample;
 
 /// What a rank prints each sample.
 const SAMPLE_LINE: &str = "lens-soak ";
-
-/// One rank's report for one sample period.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Sample {
-    pub(crate) rounds: u64,
-    pub(crate) failed: u64,
-    pub(crate) p50_us: f64,
-    pub(crate) p99_us: f64,
-    pub(crate) rss_kib: f64,
-    pub(crate) fds: f64,
-    pub(crate) threads: f64,
-}
-
-impl Sample {
-    fn to_json(self) -> String {
-        json!({
-            "rounds": self.rounds, "failed": self.failed, "p50_us": self.p50_us,
-            "p99_us": self.p99_us, "rss_kib": self.rss_kib, "fds": self.fds,
-            "threads": self.threads,
-        })
-        .to_string()
-    }
-
-    fn from_json(text: &str) -> Option<Sample> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
-        let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
-        Some(Sample {
-            rounds: v.get("rounds")?.as_u64()?,
-            failed: v.get("failed")?.as_u64()?,
-            p50_us: f("p50_us")?,
-            p99_us: f("p99_us")?,
-            rss_kib: f("rss_kib")?,
-            fds: f("fds")?,
-            threads: f("threads")?,
-        })
-    }
-}
 
 pub(crate) fn run(args: &SoakArgs) -> Result<(), String> {
     if let Some(rank) = args.spawned.rank {
@@ -222,21 +185,26 @@ fn combine(per_rank: &[Vec<Sample>]) -> Vec<Sample> {
         .collect()
 }
 
-/// Least-squares slope of `ys` per sample.
+/// The slope of `ys` per sample: the median of the slopes between every pair of samples
+/// (Theil-Sen), so that one slow sample in a short run (a busy machine's moment) is not
+/// read as a trend, while a series that keeps growing still is.
 pub(crate) fn slope(ys: &[f64]) -> f64 {
-    let n = ys.len() as f64;
-    if ys.len() < 2 {
+    let mut slopes = Vec::with_capacity(ys.len() * ys.len().saturating_sub(1) / 2);
+    for (i, a) in ys.iter().enumerate() {
+        for (j, b) in ys.iter().enumerate().skip(i + 1) {
+            slopes.push((b - a) / (j - i) as f64);
+        }
+    }
+    if slopes.is_empty() {
         return 0.0;
     }
-    let mx = (n - 1.0) / 2.0;
-    let my = ys.iter().sum::<f64>() / n;
-    let (mut num, mut den) = (0.0, 0.0);
-    for (i, y) in ys.iter().enumerate() {
-        let dx = i as f64 - mx;
-        num += dx * (y - my);
-        den += dx * dx;
+    slopes.sort_by(f64::total_cmp);
+    let mid = slopes.len() / 2;
+    if slopes.len() % 2 == 1 {
+        slopes[mid]
+    } else {
+        (slopes[mid - 1] + slopes[mid]) / 2.0
     }
-    num / den
 }
 
 /// Prints the table and each series' slope and verdict; an error when a round failed or a
@@ -388,6 +356,19 @@ mod tests {
             (&[5.0, 5.0, 5.0], 0.0, "flat"),
             (&[3.0, 1.0, 3.0, 1.0, 3.0], 0.0, "noise around a level"),
             (&[4.0], 0.0, "one point has no slope"),
+            (&[1.0, 1.0, 1.0, 9.0, 1.0], 0.0, "one outlier is no trend"),
+            // The short soak of 5 December: p99 with one busy moment, judged to grow by a
+            // least-squares slope (248 per sample).
+            (
+                &[1410.0, 1448.0, 1685.0, 3903.0, 1422.0],
+                87.75,
+                "a busy moment",
+            ),
+            (
+                &[1.0, 2.0, 30.0, 4.0, 5.0, 6.0],
+                1.0,
+                "a line with an outlier",
+            ),
         ];
         for (ys, want, why) in rows {
             assert!((slope(ys) - want).abs() < 1e-9, "{why}: {}", slope(ys));

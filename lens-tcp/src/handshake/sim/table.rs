@@ -1,4 +1,4 @@
-//! The join's failure table: one row per attack class and failure the README names, each
+//! The join's failure table: one row per attack class and failure the threat model (docs/guide/tcp.md) names, each
 //! with what must hold after it.
 
 use std::collections::VecDeque;
@@ -52,7 +52,7 @@ fn formed(sim: &Sim) -> Result<(), String> {
     sim.check_formed().map_err(|e| e.to_string())
 }
 
-/// One row per attack class and failure on the join the README names; each says what
+/// One row per attack class and failure on the join the threat model names; each says what
 /// happened and what must hold after it.
 #[test]
 fn join_table() {

@@ -1,9 +1,9 @@
-//! The failure table: one row per attack class and failure the README names.
+//! The failure table: one row per attack class and failure the threat model (docs/guide/tcp.md) names.
 
 use super::{Event, Sim};
 use crate::machine::Outcome;
 
-/// One row per attack class and failure the README names (a flood, strangers' frames, a
+/// One row per attack class and failure the threat model (docs/guide/tcp.md) names (a flood, strangers' frames, a
 /// buggy insider, a peer that never reads, a rank that dies, a reset, a restart); each row
 /// names what every live rank must end with.
 #[test]

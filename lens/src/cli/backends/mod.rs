@@ -5,6 +5,8 @@ use std::time::Duration;
 use super::args::BackendArg;
 use super::backend::Backend;
 
+#[cfg(feature = "tcp")]
+mod job_key;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -20,8 +22,8 @@ mod tcp_raw;
 /// A fresh job key for TCP rank processes, in a file only this user can read (removed when
 /// dropped).
 #[cfg(feature = "tcp")]
-pub(crate) fn tcp_key() -> Result<tcp::KeyFile, String> {
-    tcp::KeyFile::new(&tcp::random_hex(32)?)
+pub(crate) fn tcp_key() -> Result<job_key::KeyFile, String> {
+    job_key::KeyFile::new(&job_key::random_hex(32)?)
 }
 
 /// The backend the command line names.

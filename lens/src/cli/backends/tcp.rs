@@ -15,6 +15,7 @@ use super::super::launcher;
 use super::super::measure::{Measured, Plan, on_threads};
 use super::super::rank::{RankJob, run_one_rank};
 use super::super::record::Job;
+use super::job_key::{KeyFile, random_hex};
 use super::tcp_raw::{self, TcpRank};
 use super::{Injected, demo_clock};
 
@@ -190,43 +191,6 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
     super::super::rank::sample_rules(args)?;
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);
     launcher::run_ranks(n, command, deadline)
-}
-
-pub(crate) fn random_hex(bytes: usize) -> Result<String, String> {
-    let mut b = vec![0u8; bytes];
-    getrandom::fill(&mut b).map_err(|e| format!("no randomness for a job key: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-/// The job key of spawned ranks, in a file only this user can read (not in the
-/// environment, which child processes inherit); removed when dropped.
-pub(crate) struct KeyFile(pub(crate) std::path::PathBuf);
-
-impl KeyFile {
-    pub(crate) fn new(key: &str) -> Result<KeyFile, String> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let path = std::env::temp_dir().join(format!(
-            "lens-demo-{}-{}.key",
-            std::process::id(),
-            &key[..8]
-        ));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
-        f.write_all(key.as_bytes())
-            .map_err(|e| format!("cannot write the job key file {}: {e}", path.display()))?;
-        Ok(KeyFile(path))
-    }
-}
-
-impl Drop for KeyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// lens's group of `n` ranks on loopback, formed on one thread per rank.

@@ -34,7 +34,7 @@ use super::super::backend::BenchReport;
 use super::super::hosts::Placement;
 use super::super::launcher::{reason_of, run_collect};
 use super::super::measure::{Measured, Plan, Timed, run_rank, slowest};
-use super::tcp::{KeyFile, random_hex};
+use super::job_key::{KeyFile, random_hex};
 use super::tcp_raw::{
     RawTree, TcpRank, bound, children, greeted, id, parent, rank_of, socket, up_to, wait_in, zerr,
 };

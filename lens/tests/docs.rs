@@ -1,0 +1,94 @@
+//! The README's picture of a trace is what `lens demo` prints: the same lines, with the
+//! ids, times and bar lengths of that run in place of this one's.
+
+mod common;
+
+use std::time::Duration;
+
+use lens::testkit::docs::code_blocks;
+
+/// A line with what changes between runs taken out: hex ids and numbers become `#`, a bar
+/// between `|`s becomes `|bar|`.
+fn shape(line: &str) -> String {
+    let mut out = String::new();
+    let mut in_bar = false;
+    let mut last_hash = false;
+    for c in line.trim_end().chars() {
+        if c == '|' {
+            in_bar = !in_bar;
+            out.push_str(if in_bar { "|bar" } else { "|" });
+            last_hash = false;
+            continue;
+        }
+        if in_bar {
+            continue;
+        }
+        let varies = c.is_ascii_hexdigit() || c == '.';
+        if varies && !c.is_ascii_alphabetic() || (c.is_ascii_hexdigit() && last_hash) {
+            if !last_hash {
+                out.push('#');
+            }
+            last_hash = true;
+        } else {
+            out.push(c);
+            last_hash = false;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readme_picture_is_what_the_demo_prints() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let pictures: Vec<_> = code_blocks(&readme)
+        .into_iter()
+        .filter(|b| b.lang == "text")
+        .collect();
+    assert_eq!(
+        pictures.len(),
+        1,
+        "the README has one picture of the demo's trace"
+    );
+    let want: Vec<String> = pictures[0].body.lines().map(shape).collect();
+
+    let run = common::lens(&["demo", "--steps", "1"], Duration::from_secs(120));
+    assert!(run.ok, "lens demo failed:\n{}", run.stderr);
+    let got: Vec<String> = run.stdout.lines().map(shape).collect();
+    assert!(
+        got.windows(want.len()).any(|w| w == want.as_slice()),
+        "the README's picture:\n{}\nis not the shape of what `lens demo --steps 1` printed:\n{}",
+        want.join("\n"),
+        got.join("\n")
+    );
+}
+
+#[test]
+fn shapes_keep_words_and_drop_what_varies() {
+    for (a, b, same) in [
+        (
+            "rank 3    train_step |███··| 17.71 ms",
+            "rank 1    train_step |·████| 5.2 ms",
+            true,
+        ),
+        (
+            "trace 8797970c3a379115  train_step",
+            "trace 0123456789abcdef  train_step",
+            true,
+        ),
+        (
+            "rank 1    train_step |██| 1 ms",
+            "rank 1    pp.recv_forward |██| 1 ms",
+            false,
+        ),
+        ("ok: 4 rank(s) verified", "ok: 4 rank(s) failed", false),
+    ] {
+        assert_eq!(
+            shape(a) == shape(b),
+            same,
+            "{a:?} / {b:?}: {} / {}",
+            shape(a),
+            shape(b)
+        );
+    }
+}
