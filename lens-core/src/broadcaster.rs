@@ -140,12 +140,13 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// [`Error::Config`] naming `what`.
 pub fn check_timeout(what: &str, d: Duration) -> Result<Duration> {
     if d.is_zero() {
-        return Err(Error::config(format!("{what} must be positive")));
+        return Err(Error::config_for(what, format!("{what} must be positive")));
     }
     if d > MAX_TIMEOUT {
-        return Err(Error::config(format!(
-            "{what} of {d:?} is over the largest supported deadline of {MAX_TIMEOUT:?}"
-        )));
+        return Err(Error::config_for(
+            what,
+            format!("{what} of {d:?} is over the largest supported deadline of {MAX_TIMEOUT:?}"),
+        ));
     }
     Ok(d)
 }
@@ -157,12 +158,11 @@ pub fn check_timeout(what: &str, d: Duration) -> Result<Duration> {
 /// [`Error::Config`] naming `what` when `text` is not a positive number of seconds within
 /// [`MAX_TIMEOUT`].
 pub fn parse_timeout_secs(what: &str, text: &str) -> Result<Duration> {
-    let secs: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| Error::config(format!("{what}={text:?} is not a number of seconds")))?;
+    let secs: f64 = text.trim().parse().map_err(|_| {
+        Error::config_for(what, format!("{what}={text:?} is not a number of seconds"))
+    })?;
     let d = Duration::try_from_secs_f64(secs)
-        .map_err(|_| Error::config(format!("{what}={text:?} is out of range")))?;
+        .map_err(|_| Error::config_for(what, format!("{what}={text:?} is out of range")))?;
     check_timeout(what, d)
 }
 

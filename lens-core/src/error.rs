@@ -94,7 +94,12 @@ pub enum Error {
     /// The ranks of a group disagree about a collective (different roots, say).
     #[error("ranks disagree about the collective: {reason}")]
     Mismatch {
-        /// What they disagree about.
+        /// What they disagree about, for a caller to act on: a bug in the calling code
+        /// ([`Disagreement::Root`]), a setting to make the same everywhere
+        /// ([`Disagreement::SlabSize`]), the job's launch ([`Disagreement::Group`]) or
+        /// the versions deployed ([`Disagreement::Format`]).
+        about: Disagreement,
+        /// The details, for a person: which ranks, which values.
         reason: String,
     },
 
@@ -118,7 +123,11 @@ pub enum Error {
     /// Configuration or environment is invalid.
     #[error("invalid configuration: {reason}")]
     Config {
-        /// What is wrong.
+        /// The setting at fault where there is one: the environment variable that did not
+        /// parse (`LENS_TCP_TIMEOUT`), or the name the caller gave a setting. `None` for an
+        /// argument of a call or a conflict between settings.
+        setting: Option<String>,
+        /// What is wrong, naming the setting.
         reason: String,
     },
 
@@ -158,6 +167,24 @@ pub enum Error {
     },
 }
 
+/// What the ranks of a group disagree about ([`Error::Mismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disagreement {
+    /// The root of a round: the calling code did not call the same collective on every
+    /// rank (a bug to fix there).
+    Root,
+    /// The slab size, a setting every rank must share (`LENS_MPI_SLAB_SIZE`,
+    /// `LENS_NCCL_SLAB_SIZE`, `slab_size`).
+    SlabSize,
+    /// The group itself: its size, or a group already formed, as ranks that proved the key
+    /// said while joining (the job was launched with different world sizes, or twice).
+    Group,
+    /// Not a lens message of this backend and version: another program's collective on
+    /// the same group, or ranks running different versions of lens.
+    Format,
+}
+
 impl Error {
     /// Builds a [`Error::Timeout`] with no news of the missing ranks' last rounds.
     pub fn timeout(after: Duration, missing: Vec<usize>) -> Self {
@@ -169,25 +196,43 @@ impl Error {
         }
     }
 
-    /// Builds a [`Error::Config`].
+    /// Builds a [`Error::Config`] about no one setting (an argument, a conflict).
     pub fn config(reason: impl Into<String>) -> Self {
         Error::Config {
+            setting: None,
             reason: reason.into(),
         }
     }
 
-    /// `e` as a configuration error about `what` (a variable, a setting): a
-    /// [`Error::Config`] gets `what` in front of its reason, so the chain reads
-    /// "invalid configuration: WHAT: reason" once, never nested; any other error keeps its
-    /// text after `what`.
+    /// Builds a [`Error::Config`] about `setting` (an environment variable, a named
+    /// setting); `reason` should name it too, for a person reading only the message.
+    pub fn config_for(setting: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config {
+            setting: Some(setting.into()),
+            reason: reason.into(),
+        }
+    }
+
+    /// `e` as a configuration error about `what` (a variable, a setting), which becomes
+    /// its `setting`: a [`Error::Config`] gets `what` in front of its reason, so the chain
+    /// reads "invalid configuration: WHAT: reason" once, never nested; any other error
+    /// keeps its text after `what`.
     pub fn config_of(what: impl std::fmt::Display, e: Error) -> Self {
-        match e {
-            Error::Config { reason } => Error::Config {
-                reason: format!("{what}: {reason}"),
-            },
-            other => Error::Config {
-                reason: format!("{what}: {other}"),
-            },
+        let reason = match e {
+            Error::Config { reason, .. } => format!("{what}: {reason}"),
+            other => format!("{what}: {other}"),
+        };
+        Error::Config {
+            setting: Some(what.to_string()),
+            reason,
+        }
+    }
+
+    /// Builds a [`Error::Mismatch`].
+    pub fn mismatch(about: Disagreement, reason: impl Into<String>) -> Self {
+        Error::Mismatch {
+            about,
+            reason: reason.into(),
         }
     }
 

@@ -80,7 +80,7 @@ pub use broadcast::{broadcast_carrier, broadcast_context, broadcast_trace_contex
 pub use broadcaster::{Broadcaster, DEFAULT_MAX_PAYLOAD};
 pub use carrier::{Carrier, CarrierError};
 pub use clock::{ClockOffset, ClockTracker, measure_clock_offsets};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Disagreement, Error, Result};
 pub use hierarchical::{Hierarchical, NodeLayout};
 pub use link::{LinkedSpan, LinkedSpanBuilder, Parent, Remote, create_linked_span};
 pub use rank::{Launcher, RankInfo};

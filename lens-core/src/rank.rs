@@ -175,7 +175,7 @@ impl RankInfo {
             match lookup(name) {
                 None => Ok(None),
                 Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-                    Error::config(format!("{name}={v:?} is not a non-negative integer"))
+                    Error::config_for(name, format!("{name}={v:?} is not a non-negative integer"))
                 }),
             }
         };
@@ -192,17 +192,23 @@ impl RankInfo {
                 }
             }
             let Some(world_size) = world_size else {
-                return Err(Error::config(format!(
-                    "{} is set but its world size ({}) is not",
-                    family.rank,
-                    family.size.join(" or ")
-                )));
+                return Err(Error::config_for(
+                    family.size.join(" or "),
+                    format!(
+                        "{} is set but its world size ({}) is not",
+                        family.rank,
+                        family.size.join(" or ")
+                    ),
+                ));
             };
             if rank >= world_size {
-                return Err(Error::config(format!(
-                    "{}={rank} is not below the world size {world_size}",
-                    family.rank
-                )));
+                return Err(Error::config_for(
+                    family.rank,
+                    format!(
+                        "{}={rank} is not below the world size {world_size}",
+                        family.rank
+                    ),
+                ));
             }
             let local_rank = match family.local {
                 Some(name) => number(name)?,

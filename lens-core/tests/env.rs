@@ -151,7 +151,7 @@ fn launcher_table() {
                     "{why}"
                 );
             }
-            (Err(Error::Config { reason }), Err(needle)) => {
+            (Err(Error::Config { reason, .. }), Err(needle)) => {
                 assert!(
                     reason.contains(needle),
                     "{why}: error {reason:?} should mention {needle:?}"

@@ -36,7 +36,7 @@ use event_listener::Event;
 use futures::future::{Either, select};
 use lens_core::arrivals::Arrivals;
 use lens_core::backend::check_broadcast_args;
-use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Error, Result};
+use lens_core::{Broadcaster, DEFAULT_MAX_PAYLOAD, Disagreement, Error, Result};
 
 /// Default deadline of a round of the in-process backend: shorter than the network backends' 30 s,
 /// since its ranks are threads of one process and a late one is a bug in the test or simulation.
@@ -319,11 +319,14 @@ impl Broadcaster for LocalBroadcaster {
             ready: Event::new(),
             all_taken: Event::new(),
         };
-        let mismatch = |theirs: usize| Error::Mismatch {
-            reason: format!(
-                "round {round_no}: rank {} uses root {root}, another rank uses root {theirs}",
-                self.rank
-            ),
+        let mismatch = |theirs: usize| {
+            Error::mismatch(
+                Disagreement::Root,
+                format!(
+                    "round {round_no}: rank {} uses root {root}, another rank uses root {theirs}",
+                    self.rank
+                ),
+            )
         };
 
         if let Some(bytes) = payload {

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use lens_core::backend::slab::{SlabBroadcaster, SlabOptions};
-use lens_core::{Error, Result, blocking};
+use lens_core::{Disagreement, Error, Result, blocking};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -118,12 +118,13 @@ pub(crate) fn measure(
     comm.all_reduce_into(&size, &mut largest, SystemOperation::max());
     comm.all_reduce_into(&size, &mut smallest, SystemOperation::min());
     if largest != smallest {
-        return Err(Error::Mismatch {
-            reason: format!(
+        return Err(Error::mismatch(
+            Disagreement::SlabSize,
+            format!(
                 "the ranks' slabs differ, from {smallest}-byte to {largest}-byte (this rank: {size}); every rank must use the same slab size ({})",
                 crate::env::SLAB_SIZE
             ),
-        });
+        ));
     }
     // The trial carries no arrival gathers: only the transfer is measured.
     let opts = opts.clone().arrivals_every(0);

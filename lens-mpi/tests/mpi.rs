@@ -6,7 +6,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use lens_core::{Broadcaster, Error, blocking};
+use lens_core::{Broadcaster, Disagreement, Error, blocking};
 use lens_mpi::{MpiBroadcaster, MpiBroadcasterBuilder, Transfer};
 use lens_testkit::conformance::{Options, pattern, run_rank};
 use lens_testkit::process::{Supervised, mpirun};
@@ -328,7 +328,10 @@ fn rank_main(case: &str) {
                 .slab_size(size)
                 .build()
             {
-                Err(Error::Mismatch { reason }) => assert!(
+                Err(Error::Mismatch {
+                    about: Disagreement::SlabSize,
+                    reason,
+                }) => assert!(
                     reason.contains("128-byte to 256-byte")
                         && reason.contains("LENS_MPI_SLAB_SIZE"),
                     "{reason}"
@@ -346,7 +349,13 @@ fn rank_main(case: &str) {
             let got = blocking::broadcast(&b, 0, (me == 0).then_some(&b"short"[..]));
             match (me, got) {
                 (0, Ok(bytes)) => assert_eq!(bytes, b"short"),
-                (1, Err(Error::Mismatch { reason })) => {
+                (
+                    1,
+                    Err(Error::Mismatch {
+                        about: Disagreement::SlabSize,
+                        reason,
+                    }),
+                ) => {
                     assert!(
                         reason.contains("256-byte") && reason.contains("128-byte"),
                         "{reason}"

@@ -22,7 +22,10 @@ pub(crate) fn parse(var: &str, text: &str) -> Result<Vec<(HeaderName, HeaderValu
     let mut out = Vec::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let Some((name, value)) = entry.split_once('=') else {
-            return Err(Error::config(format!("{var}: {entry:?} is not name=value")));
+            return Err(Error::config_for(
+                var,
+                format!("{var}: {entry:?} is not name=value"),
+            ));
         };
         let name = HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
             .map_err(|_| Error::config(format!("{var}: {:?} is not a header name", name.trim())))?;

@@ -4,7 +4,7 @@
 
 use std::error::Error as _;
 
-use lens_core::Error;
+use lens_core::{Disagreement, Error};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -24,6 +24,17 @@ fn class_of(e: &Error) -> (&'static str, &'static str) {
         Error::SourceFailed { .. } => ("SourceFailed", "source_failed"),
         Error::Closed { .. } => ("GroupClosed", "closed"),
         _ => ("TransportError", "transport"),
+    }
+}
+
+/// What ranks disagreed about, as `ConfigError.disagreement` says it.
+fn disagreement(about: Disagreement) -> &'static str {
+    match about {
+        Disagreement::Root => "root",
+        Disagreement::SlabSize => "slab_size",
+        Disagreement::Group => "group",
+        Disagreement::Format => "format",
+        _ => "other",
     }
 }
 
@@ -76,6 +87,12 @@ fn build(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     }
     if let Error::SourceFailed { root } = e {
         kwargs.set_item("source_rank", *root)?;
+    }
+    if let Error::Config { setting, .. } = e {
+        kwargs.set_item("setting", setting.as_deref())?;
+    }
+    if let Error::Mismatch { about, .. } = e {
+        kwargs.set_item("disagreement", disagreement(*about))?;
     }
     let instance = module.getattr(class)?.call((text,), Some(&kwargs))?;
     Ok(PyErr::from_value(instance))

@@ -1,4 +1,4 @@
-"""Every Python block of the README and the guide runs: on each rank of an in-process
+"""Every Python block of the README, the package README and the guide runs: on each rank of an in-process
 cluster of 3, with ``rank`` and ``tracer`` defined as a training loop has them, rank 0
 inside its step's span. Every rank must end with the source's context."""
 
@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import lens_trace
 from conftest import REPO
 
-PAGES = [REPO / "README.md"] + sorted((REPO / "docs" / "guide").glob("*.md"))
+PAGES = [REPO / "README.md", REPO / "lens-py" / "README.md"] + sorted((REPO / "docs" / "guide").glob("*.md"))
 
 
 def python_blocks():

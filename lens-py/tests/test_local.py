@@ -215,3 +215,18 @@ def test_a_closed_group_refuses_calls():
     with pytest.raises(lens_trace.GroupClosed):
         g.broadcast(0, b"x")
     g.close()  # idempotent
+
+
+def test_ranks_that_disagree_on_the_root_are_told_what_about():
+    def rank_main(rank):
+        g = lens_trace.distributed.get_group()
+        try:
+            g.broadcast(rank, b"x")  # each rank names itself the root
+        except lens_trace.ConfigError as e:
+            return e.disagreement
+        except lens_trace.BroadcastTimeout:
+            return "timeout"
+        return "no error"
+
+    got = lens_trace.run_local(2, rank_main, timeout=1)
+    assert "root" in got and "no error" not in got, got

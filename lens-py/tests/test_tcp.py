@@ -157,3 +157,15 @@ def test_a_tcp_job_exits_with_status_0_every_time(tmp_path):
             ps.kill()
         for r, (code, text) in enumerate(res):
             assert code == 0, f"run {i}, rank {r} exited with {code}:\n{text}"
+
+
+def test_a_variable_that_does_not_parse_is_named_in_the_error(monkeypatch):
+    import pytest
+
+    import lens_trace
+
+    monkeypatch.setenv("LENS_TCP_TIMEOUT", "soon")
+    with pytest.raises(lens_trace.ConfigError, match="LENS_TCP_TIMEOUT") as e:
+        lens_trace.tcp_group(rank=0, world_size=2, addr="127.0.0.1:1", key=KEY)
+    assert e.value.setting == "LENS_TCP_TIMEOUT", e.value
+    assert e.value.disagreement is None

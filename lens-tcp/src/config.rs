@@ -74,10 +74,13 @@ impl SourceReturns {
         match text.trim().to_ascii_lowercase().as_str() {
             "delivered" => Ok(SourceReturns::Delivered),
             "queued" => Ok(SourceReturns::Queued),
-            _ => Err(Error::config(format!(
-                "{}={text:?}: expected \"delivered\" or \"queued\"",
-                env::SOURCE_RETURNS
-            ))),
+            _ => Err(Error::config_for(
+                env::SOURCE_RETURNS,
+                format!(
+                    "{}={text:?}: expected \"delivered\" or \"queued\"",
+                    env::SOURCE_RETURNS
+                ),
+            )),
         }
     }
 }
@@ -262,10 +265,9 @@ impl TcpConfigBuilder {
             match k.trim().parse::<usize>() {
                 Ok(k) => b.fan_out = Some(k),
                 Err(_) => {
-                    b.env_errors.note(
-                        "fan_out",
-                        format!("{}={k:?} is not a whole number", env::FAN_OUT),
-                    );
+                    let why = format!("{}={k:?} is not a whole number", env::FAN_OUT);
+                    b.env_errors
+                        .note_error("fan_out", Error::config_for(env::FAN_OUT, why));
                 }
             }
         }

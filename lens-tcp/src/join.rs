@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lens_core::{Error, Result};
+use lens_core::{Disagreement, Error, Result};
 
 use crate::addr::resolve;
 use crate::error::BACKEND;
@@ -32,12 +32,13 @@ fn join_error(g: &RankState, start: Instant, missing: Vec<usize>) -> Error {
     if !bad_key.is_empty() {
         seen = format!("{seen}; {bad_key}");
     }
-    Error::Mismatch {
-        reason: format!(
+    Error::mismatch(
+        Disagreement::Group,
+        format!(
             "rank(s) {missing:?} did not join within {:?}; meanwhile: {seen}",
             start.elapsed()
         ),
-    }
+    )
 }
 
 /// Rank 0: admits every rank (the join machine WELCOMEs them: in a star once all have

@@ -18,20 +18,30 @@ use crate::env;
 pub(crate) fn from_env(lookup: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Vec<u8>>> {
     if let Some(v) = lookup(env::KEY) {
         let Some(text) = v.to_str() else {
-            return Err(Error::config(format!(
-                "{} is not valid UTF-8: an environment variable carries text; give a binary key as hex:… or base64:…, or put it in {}",
+            return Err(Error::config_for(
                 env::KEY,
-                env::KEY_FILE
-            )));
+                format!(
+                    "{} is not valid UTF-8: an environment variable carries text; give a binary key as hex:… or base64:…, or put it in {}",
+                    env::KEY,
+                    env::KEY_FILE
+                ),
+            ));
         };
         return parse_var(text).map(Some);
     }
     if let Some(path) = lookup(env::KEY_FILE) {
         let shown = path.to_string_lossy().into_owned();
-        let bytes = std::fs::read(&path)
-            .map_err(|e| Error::config(format!("cannot read {}={shown}: {e}", env::KEY_FILE)))?;
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Error::config_for(
+                env::KEY_FILE,
+                format!("cannot read {}={shown}: {e}", env::KEY_FILE),
+            )
+        })?;
         if bytes.is_empty() {
-            return Err(Error::config(format!("{}={shown} is empty", env::KEY_FILE)));
+            return Err(Error::config_for(
+                env::KEY_FILE,
+                format!("{}={shown} is empty", env::KEY_FILE),
+            ));
         }
         return Ok(Some(from_file(bytes)));
     }
@@ -41,22 +51,31 @@ pub(crate) fn from_env(lookup: &impl Fn(&str) -> Option<OsString>) -> Result<Opt
 /// The value of `LENS_TCP_KEY`.
 pub(crate) fn parse_var(text: &str) -> Result<Vec<u8>> {
     if text.is_empty() {
-        return Err(Error::config(format!("{} is set but empty", env::KEY)));
+        return Err(Error::config_for(
+            env::KEY,
+            format!("{} is set but empty", env::KEY),
+        ));
     }
     if let Some(h) = text.strip_prefix("hex:") {
         return hex(h.trim()).ok_or_else(|| {
-            Error::config(format!(
-                "{} starts with hex: but the rest is not an even number of hex digits",
-                env::KEY
-            ))
+            Error::config_for(
+                env::KEY,
+                format!(
+                    "{} starts with hex: but the rest is not an even number of hex digits",
+                    env::KEY
+                ),
+            )
         });
     }
     if let Some(b) = text.strip_prefix("base64:") {
         return base64(b.trim()).ok_or_else(|| {
-            Error::config(format!(
-                "{} starts with base64: but the rest is not standard base64",
-                env::KEY
-            ))
+            Error::config_for(
+                env::KEY,
+                format!(
+                    "{} starts with base64: but the rest is not standard base64",
+                    env::KEY
+                ),
+            )
         });
     }
     Ok(text.as_bytes().to_vec())

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use lens_core::{Error, Result};
+use lens_core::{Disagreement, Error, Result};
 
 use crate::frame::{Frame, Kind};
 use crate::message::Message;
@@ -213,11 +213,12 @@ impl RankState {
                     via: Vec::new(),
                 })
             }
-            Some(Outcome::WrongRoot(other)) => Err(Error::Mismatch {
-                reason: format!(
+            Some(Outcome::WrongRoot(other)) => Err(Error::mismatch(
+                Disagreement::Root,
+                format!(
                     "round {round}: this rank expected root {root}, the data came from root {other}"
                 ),
-            }),
+            )),
             None => Err(Error::timeout(after, Vec::new())),
         }
     }

@@ -9,7 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};
 
 use common::attacker::{Relay, never_reading, replaying_server};
-use lens_core::{Broadcaster, Error, blocking};
+use lens_core::{Broadcaster, Disagreement, Error, blocking};
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 
 fn cfg(rank: usize, n: usize, addr: &str, join: Duration) -> TcpConfig {
@@ -345,7 +345,12 @@ fn world_size_disagreement_names_both_sizes() {
         }
         assert!(started.elapsed() < Duration::from_secs(5));
         match h.join().expect("thread") {
-            Err(Error::Mismatch { reason }) => assert!(reason.contains("world size 3"), "{reason}"),
+            Err(Error::Mismatch {
+                about: Disagreement::Group,
+                reason,
+            }) => {
+                assert!(reason.contains("world size 3"), "{reason}")
+            }
             other => panic!("rank 0: expected Mismatch, got {other:?}"),
         }
     });
@@ -416,8 +421,13 @@ fn huge_durations_are_config_errors() {
             _ => None,
         };
         match TcpConfig::from_vars(env) {
-            Err(Error::Config { reason }) => {
-                assert!(reason.contains("LENS_TCP_TIMEOUT"), "{v}: {reason}")
+            Err(Error::Config { setting, reason }) => {
+                assert!(reason.contains("LENS_TCP_TIMEOUT"), "{v}: {reason}");
+                assert_eq!(
+                    setting.as_deref(),
+                    Some("LENS_TCP_TIMEOUT"),
+                    "{v}: {reason}"
+                );
             }
             other => panic!("{v}: expected a Config error, got {other:?}"),
         }

@@ -131,7 +131,7 @@ fn environment_table() {
                     "{why}: Debug must not show the key"
                 );
             }
-            (Err(Error::Config { reason }), Err(needle)) => assert!(
+            (Err(Error::Config { reason, .. }), Err(needle)) => assert!(
                 reason.contains(needle),
                 "{why}: {reason:?} should mention {needle:?}"
             ),
@@ -206,7 +206,7 @@ fn builder_rejects_bad_values() {
         "the largest world"
     );
     match ok().world_size(lens_tcp::MAX_WORLD + 1).build() {
-        Err(lens_core::Error::Config { reason }) => {
+        Err(lens_core::Error::Config { reason, .. }) => {
             assert!(
                 reason.contains(&lens_tcp::MAX_WORLD.to_string()),
                 "{reason}"

@@ -74,10 +74,10 @@
 )]
 
 pub use lens_core::{
-    BoxError, Broadcaster, Carrier, CarrierError, ClockOffset, DEFAULT_MAX_PAYLOAD, Error,
-    Hierarchical, Launcher, LinkedSpan, LinkedSpanBuilder, NodeLayout, Parent, RankInfo, Remote,
-    Result, broadcast_carrier, broadcast_context, broadcast_trace_context, create_linked_span,
-    measure_clock_offsets,
+    BoxError, Broadcaster, Carrier, CarrierError, ClockOffset, DEFAULT_MAX_PAYLOAD, Disagreement,
+    Error, Hierarchical, Launcher, LinkedSpan, LinkedSpanBuilder, NodeLayout, Parent, RankInfo,
+    Remote, Result, broadcast_carrier, broadcast_context, broadcast_trace_context,
+    create_linked_span, measure_clock_offsets,
 };
 pub use lens_core::{arrivals, blocking, carrier, clock, hang, link, rank, sample};
 

@@ -7,34 +7,37 @@ use std::time::Duration;
 
 use lens::testkit::docs::code_blocks;
 
-/// A line with what changes between runs taken out: hex ids and numbers become `#`, a bar
-/// between `|`s becomes `|bar|`.
+/// A line with what changes between runs taken out: a bar between `|`s becomes `|bar|`,
+/// a word of 8 or more hex digits (an id) `#`, and each number `#`.
 fn shape(line: &str) -> String {
-    let mut out = String::new();
-    let mut in_bar = false;
-    let mut last_hash = false;
-    for c in line.trim_end().chars() {
-        if c == '|' {
-            in_bar = !in_bar;
-            out.push_str(if in_bar { "|bar" } else { "|" });
-            last_hash = false;
-            continue;
-        }
-        if in_bar {
-            continue;
-        }
-        let varies = c.is_ascii_hexdigit() || c == '.';
-        if varies && !c.is_ascii_alphabetic() || (c.is_ascii_hexdigit() && last_hash) {
-            if !last_hash {
-                out.push('#');
+    let line = line.trim_end();
+    let line = match (line.find('|'), line.rfind('|')) {
+        (Some(a), Some(b)) if a < b => format!("{}|bar|{}", &line[..a], &line[b + 1..]),
+        _ => line.to_owned(),
+    };
+    line.split(' ')
+        .map(|word| {
+            if word.len() >= 8 && word.chars().all(|c| c.is_ascii_hexdigit()) {
+                return "#".to_owned();
             }
-            last_hash = true;
-        } else {
-            out.push(c);
-            last_hash = false;
-        }
-    }
-    out
+            // Runs of digits (with their decimal points) become one `#`.
+            let mut out = String::new();
+            let mut in_number = false;
+            for c in word.chars() {
+                let part_of_number = c.is_ascii_digit() || (in_number && c == '.');
+                if part_of_number {
+                    if !in_number {
+                        out.push('#');
+                    }
+                } else {
+                    out.push(c);
+                }
+                in_number = part_of_number;
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[test]
@@ -76,6 +79,13 @@ fn shapes_keep_words_and_drop_what_varies() {
             "trace 0123456789abcdef  train_step",
             true,
         ),
+        (
+            "trace cdcc0c3a37911540  a",
+            "trace 99c1294bf78c0096  a",
+            true,
+        ),
+        ("0.10 ms after", "12.5 ms after", true),
+        ("pp.recv_forward.linked", "pp.recv_backward.linked", false),
         (
             "rank 1    train_step |██| 1 ms",
             "rank 1    pp.recv_forward |██| 1 ms",

@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result};
 
-/// Variables that did not parse, each under its setting, in the order they were read.
+/// Variables that did not parse, each under its setting, in the order they were read,
+/// with the variable's name where it is known: the error [`EnvErrors::check`] returns has
+/// it as its `setting`.
 ///
 /// ```
 /// use lens_core::backend::EnvErrors;
@@ -17,27 +19,57 @@ use crate::error::{Error, Result};
 /// assert!(errors.check().is_ok());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EnvErrors(Vec<(&'static str, String)>);
+pub struct EnvErrors(Vec<Noted>);
+
+/// One variable's error: the setting it is about, the variable, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Noted {
+    setting: &'static str,
+    variable: Option<String>,
+    reason: String,
+}
+
+/// Whether a setting's key is itself the variable's name (MPI, NCCL and OTLP key their
+/// errors by the variable; TCP by its setters' names).
+fn is_variable(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
 
 impl EnvErrors {
     /// Keeps why the variable of `setting` did not parse (replacing an earlier reason).
     pub fn note(&mut self, setting: &'static str, reason: impl std::fmt::Display) {
-        self.clear(setting);
-        self.0.push((setting, reason.to_string()));
+        let variable = is_variable(setting).then(|| setting.to_owned());
+        self.keep(setting, variable, reason.to_string());
     }
 
-    /// Keeps `e` under `setting`: a [`Error::Config`]'s reason as it is, any other error's
-    /// text.
+    fn keep(&mut self, setting: &'static str, variable: Option<String>, reason: String) {
+        self.clear(setting);
+        self.0.push(Noted {
+            setting,
+            variable,
+            reason,
+        });
+    }
+
+    /// Keeps `e` under `setting`: a [`Error::Config`]'s reason as it is (and the variable
+    /// it names as its `setting`), any other error's text.
     pub fn note_error(&mut self, setting: &'static str, e: Error) {
         match e {
-            Error::Config { reason } => self.note(setting, reason),
+            Error::Config {
+                setting: Some(variable),
+                reason,
+            } => self.keep(setting, Some(variable), reason),
+            Error::Config { reason, .. } => self.note(setting, reason),
             other => self.note(setting, other),
         }
     }
 
     /// Code set `setting`: its variable's error no longer counts.
     pub fn clear(&mut self, setting: &'static str) {
-        self.0.retain(|(s, _)| *s != setting);
+        self.0.retain(|n| n.setting != setting);
     }
 
     /// Whether nothing is kept.
@@ -48,10 +80,14 @@ impl EnvErrors {
     /// The first error kept, as an [`Error::Config`].
     ///
     /// # Errors
-    /// [`Error::Config`] with the first reason kept.
+    /// [`Error::Config`] with the first reason kept, and its variable as the `setting`
+    /// where known.
     pub fn check(&self) -> Result<()> {
         match self.0.first() {
-            Some((_, reason)) => Err(Error::config(reason.clone())),
+            Some(n) => Err(Error::Config {
+                setting: n.variable.clone(),
+                reason: n.reason.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -80,5 +116,21 @@ mod tests {
         );
         e.clear("a");
         assert!(e.check().is_ok());
+    }
+
+    #[test]
+    fn the_error_names_the_variable_where_it_is_known() {
+        let setting_of = |e: &EnvErrors| match e.check() {
+            Err(Error::Config { setting, .. }) => setting,
+            other => panic!("{other:?}"),
+        };
+        let mut e = EnvErrors::default();
+        e.note("timeout", "LENS_TCP_TIMEOUT=\"x\" is not a number");
+        assert_eq!(setting_of(&e), None, "a setter's name is not a variable");
+        e.note_error("timeout", Error::config_for("LENS_TCP_TIMEOUT", "x"));
+        assert_eq!(setting_of(&e).as_deref(), Some("LENS_TCP_TIMEOUT"));
+        let mut e = EnvErrors::default();
+        e.note("LENS_MPI_TRANSFER", "no such way");
+        assert_eq!(setting_of(&e).as_deref(), Some("LENS_MPI_TRANSFER"));
     }
 }

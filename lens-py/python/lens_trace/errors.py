@@ -87,7 +87,18 @@ class InvalidArgument(LensError, ValueError):
 
 
 class ConfigError(LensError, ValueError):
-    """The group's settings or the environment are invalid, or ranks disagree about them."""
+    """The group's settings or the environment are invalid, or ranks disagree about them.
+
+    ``setting`` names the setting at fault where there is one (the environment variable
+    that did not parse, such as ``"LENS_TCP_TIMEOUT"``), else ``None``. Where ranks
+    disagree, ``disagreement`` says about what: ``"root"`` (the calling code did not call
+    the same collective on every rank), ``"slab_size"``, ``"group"`` (world sizes, a group
+    formed twice) or ``"format"`` (another program's collective, another lens version);
+    ``None`` for a setting's error.
+    """
+
+    setting: Optional[str] = None
+    disagreement: Optional[str] = None
 
 
 class UnavailableError(LensError, RuntimeError):

@@ -1,7 +1,7 @@
 //! The slab's bytes: a 16-byte header (a backend marker, the slab size, the payload
 //! length, a format version) and the start of the payload.
 
-use crate::error::{Error, Result};
+use crate::error::{Disagreement, Error, Result};
 
 /// Bytes of the slab header.
 pub const HEADER_LEN: usize = 16;
@@ -52,21 +52,23 @@ impl SlabFormat {
         let word =
             |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]) as usize;
         if h[..4] != self.magic || word(12) != FORMAT as usize {
-            return Err(Error::Mismatch {
-                reason: format!(
+            return Err(Error::mismatch(
+                Disagreement::Format,
+                format!(
                     "the slab from root {root} has no lens header of this backend and version \
                      (another program's broadcast, or a different lens)"
                 ),
-            });
+            ));
         }
         if word(4) != self.slab_size {
-            return Err(Error::Mismatch {
-                reason: format!(
+            return Err(Error::mismatch(
+                Disagreement::SlabSize,
+                format!(
                     "root {root} uses {}-byte slabs, this rank {}-byte ones",
                     word(4),
                     self.slab_size
                 ),
-            });
+            ));
         }
         if word(8) > self.max_payload {
             return Err(Error::Corrupt {
@@ -116,7 +118,7 @@ mod tests {
                 slab(&[7; 40]),
                 Ok(40),
             ),
-            ("all zeros (nothing was sent)", vec![0; 32], Err("mismatch")),
+            ("all zeros (nothing was sent)", vec![0; 32], Err("format")),
             (
                 "another backend's marker",
                 {
@@ -124,16 +126,23 @@ mod tests {
                     s[0] = b'X';
                     s
                 },
-                Err("mismatch"),
+                Err("format"),
             ),
-            ("another format version", other_format, Err("mismatch")),
-            ("another slab size", big, Err("mismatch")),
+            ("another format version", other_format, Err("format")),
+            ("another slab size", big, Err("slab size")),
             ("length over the limit", over, Err("corrupt")),
             ("shorter than a header", vec![0; 8], Err("corrupt")),
         ];
         for (why, bytes, want) in rows {
             let got = F.read(&bytes, 3).map_err(|e| match e {
-                Error::Mismatch { .. } => "mismatch",
+                Error::Mismatch {
+                    about: Disagreement::Format,
+                    ..
+                } => "format",
+                Error::Mismatch {
+                    about: Disagreement::SlabSize,
+                    ..
+                } => "slab size",
                 Error::Corrupt { .. } => "corrupt",
                 _ => "other",
             });
