@@ -131,7 +131,22 @@ step "docs build without warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --all-features
 
 step "every crate packages alone and builds from its package, as crates.io would"
-# lens-py is a Python extension, shipped as a wheel (built above), not a crate.
+# lens-py is a Python extension, shipped as a wheel (built above), not a crate. cargo unpacks
+# the workspace's packages from its temporary registry into ~/.cargo/registry/src/-<hash>/
+# and reuses what is there while the version is unchanged: an earlier run's sources would be
+# verified instead of this one's, so they go first.
+for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/; do
+  [ -d "$d" ] && rm -rf "$d"lens-*-0.* "$d"lens-0.*
+done
+# Likewise what was built from them: a registry crate's build is never checked against its
+# sources again, so each such build's fingerprint goes (the dependencies' builds stay).
+target_dir="${CARGO_TARGET_DIR:-target}"
+for dfile in "$target_dir"/debug/deps/*.d; do
+  grep -q '/registry/src/-[^/]*/lens' "$dfile" 2>/dev/null || continue
+  unit=$(basename "$dfile" .d)
+  rm -rf "$target_dir/debug/.fingerprint/${unit%-*}-${unit##*-}" "$target_dir/debug/.fingerprint/$(echo "${unit%-*}" | tr _ -)-${unit##*-}" \
+    "$target_dir/debug/deps/lib$unit".* "$dfile"
+done
 timeout 900 cargo package -q --workspace --exclude lens-py --allow-dirty
 
 step "demo smoke run"
