@@ -102,3 +102,74 @@ fn shapes_keep_words_and_drop_what_varies() {
         );
     }
 }
+
+/// An SVG's elements in order, each with its text where it has some (shaped as above):
+/// what a picture shows, without its coordinates.
+fn svg_outline(svg: &str) -> Vec<String> {
+    svg.split('<')
+        .skip(1)
+        .filter(|piece| !piece.starts_with('/'))
+        .map(|piece| {
+            let tag: String = piece
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            let text = piece.split_once('>').map_or("", |(_, t)| t).trim();
+            if text.is_empty() {
+                tag
+            } else {
+                format!("{tag}: {}", shape(text))
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_image_is_what_the_demo_draws() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let command = "lens demo --steps 2 --inject delay:2:3 --svg docs/demo-trace.svg";
+    assert!(
+        readme.contains(command),
+        "the README names the command that draws its picture"
+    );
+    assert!(
+        readme.contains("](docs/demo-trace.svg)"),
+        "the README shows the picture"
+    );
+    let committed =
+        std::fs::read_to_string(format!("{root}/docs/demo-trace.svg")).expect("the picture");
+
+    let dir = std::env::temp_dir().join(format!("lens-docs-svg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let path = dir.join("trace.svg");
+    let args = [
+        "demo",
+        "--steps",
+        "2",
+        "--inject",
+        "delay:2:3",
+        "--svg",
+        path.to_str().expect("a UTF-8 path"),
+    ];
+    let run = common::lens(&args, Duration::from_secs(120));
+    let drawn = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(run.ok, "lens demo --svg failed:\n{}", run.stderr);
+    let (want, got) = (svg_outline(&committed), svg_outline(&drawn));
+    assert!(
+        want.len() > 30,
+        "the committed picture has {} elements",
+        want.len()
+    );
+    assert_eq!(
+        want, got,
+        "docs/demo-trace.svg is not what `{command}` draws now: run it again"
+    );
+    // A link's curve per later stage, per step.
+    assert_eq!(
+        got.iter().filter(|e| e.starts_with("path")).count(),
+        2 * 3 + 1,
+        "{got:?}"
+    );
+}

@@ -99,6 +99,9 @@ pub(crate) struct DemoArgs {
     /// Write Chrome trace event JSON here (opens in Perfetto and chrome://tracing).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+    /// Draw the first steps' trace as an SVG picture here: a bar per rank, a curve per link.
+    #[arg(long)]
+    pub(crate) svg: Option<PathBuf>,
     /// Deadline of each collective, in seconds.
     #[arg(long, default_value_t = 10.0)]
     pub(crate) timeout: f64,

@@ -10,6 +10,7 @@ use super::backend::{Backend, DemoRun};
 use super::export::{self, OTLP_LINE};
 use super::rank::{STAGE_SPAN, STEP_SPAN, parent_of};
 use super::record::{CLOCK_LINE, Job, KEPT_LINE, SPAN_LINE, SpanRecord, clock_json, kept_json};
+use super::trace_svg;
 use super::view;
 
 pub(crate) fn run(backend: &dyn Backend, args: &DemoArgs) -> Result<(), String> {
@@ -67,6 +68,11 @@ fn finish(job: &Job, args: &DemoArgs, backend: &str, steps: usize) -> Result<(),
             "wrote Chrome trace events to {} (open in https://ui.perfetto.dev or chrome://tracing)",
             path.display()
         );
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, trace_svg::trace_svg(job))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("wrote a picture of the trace to {}", path.display());
     }
     let summary = verify(job, steps, parent_of(args.parent))?;
     println!("{summary}");

@@ -32,6 +32,7 @@ mod sample_bench;
 mod soak;
 #[cfg(feature = "tcp")]
 mod soak_sample;
+mod trace_svg;
 mod view;
 
 pub(crate) use args::Cli;
