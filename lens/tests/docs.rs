@@ -128,7 +128,7 @@ fn svg_outline(svg: &str) -> Vec<String> {
 fn the_readme_image_is_what_the_demo_draws() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
-    let command = "lens demo --steps 2 --inject delay:2:3 --svg docs/demo-trace.svg";
+    let command = "-- demo --steps 2 --inject delay:2:3 --svg docs/demo-trace.svg";
     assert!(
         readme.contains(command),
         "the README names the command that draws its picture"
@@ -164,7 +164,7 @@ fn the_readme_image_is_what_the_demo_draws() {
     );
     assert_eq!(
         want, got,
-        "docs/demo-trace.svg is not what `{command}` draws now: run it again"
+        "docs/demo-trace.svg is not what `cargo run -p lens {command}` draws now: run it again"
     );
     // A link's curve per later stage, per step.
     assert_eq!(
