@@ -21,11 +21,10 @@ and the ratios the README quotes.
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
+
+from _ranks import free_port, run_ranks
 
 
 def rank_main(iters: int, blocks: int, warmup: int) -> None:
@@ -81,12 +80,6 @@ def rank_main(iters: int, blocks: int, warmup: int) -> None:
         print(json.dumps(out), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", default="2,4")
@@ -100,33 +93,9 @@ def main() -> None:
         return
     print(f"{'ranks':>5} {'call':>15} {'median_us':>10} {'p99_us':>10}")
     for n in [int(x) for x in a.ranks.split(",")]:
-        torch_port, lens_port, queued_port = free_port(), free_port(), free_port()
-        procs = []
-        for r in range(n):
-            env = dict(
-                os.environ,
-                RANK=str(r),
-                WORLD_SIZE=str(n),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(torch_port),
-                LENS_TCP_ADDR=f"127.0.0.1:{lens_port}",
-                LENS_BENCH_QUEUED_ADDR=f"127.0.0.1:{queued_port}",
-                LENS_TCP_KEY="lens-py-bench-key-0123456789abcdef",
-                GLOO_SOCKET_IFNAME="lo",
-            )
-            env.pop("LENS_TCP_KEY_FILE", None)
-            cmd = [sys.executable, __file__, "--rank-main", "--iters", str(a.iters), "--blocks", str(a.blocks), "--warmup", str(a.warmup)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        try:
-            outs = [pr.communicate(timeout=900) for pr in procs]
-        finally:
-            for pr in procs:
-                pr.kill()
-        if any(pr.returncode for pr in procs):
-            for r, (o, e) in enumerate(outs):
-                print(f"rank {r} exited {procs[r].returncode}:\n{e[-2000:]}", file=sys.stderr)
-            sys.exit(1)
-        res = json.loads(outs[0][0].strip().splitlines()[-1])
+        args = [__file__, "--rank-main", "--iters", str(a.iters), "--blocks", str(a.blocks), "--warmup", str(a.warmup)]
+        outs = run_ranks(n, args, LENS_BENCH_QUEUED_ADDR=f"127.0.0.1:{free_port()}")
+        res = json.loads(outs[0].strip().splitlines()[-1])
         for name, v in res.items():
             print(f"{n:>5} {name:>15} {v['median_us']:>10.1f} {v['p99_us']:>10.1f}")
         raw = res["raw_gloo"]["median_us"]

@@ -21,13 +21,11 @@ microsecond goes comes from this script.
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from datetime import timedelta
+
+from _ranks import run_ranks
 
 
 def rank_main(group_kind: str, iters: int, warmup: int) -> None:
@@ -94,12 +92,6 @@ def rank_main(group_kind: str, iters: int, warmup: int) -> None:
     print(json.dumps({name: statistics.median(v) for name, v in phases.items()}), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", default="2,4")
@@ -113,32 +105,9 @@ def main() -> None:
     print(f"{'ranks':>5} {'group':>5} {'rank':>4} {'pre':>7} {'round':>7} {'post':>7} {'total':>7} {'raw':>7}  (median µs)")
     for n in [int(x) for x in a.ranks.split(",")]:
         for kind in ("torch", "tcp"):
-            torch_port, lens_port = free_port(), free_port()
-            procs = []
-            for r in range(n):
-                env = dict(
-                    os.environ,
-                    RANK=str(r),
-                    WORLD_SIZE=str(n),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(torch_port),
-                    LENS_TCP_ADDR=f"127.0.0.1:{lens_port}",
-                    LENS_TCP_KEY="lens-py-bench-key-0123456789abcdef",
-                    GLOO_SOCKET_IFNAME="lo",
-                )
-                env.pop("LENS_TCP_KEY_FILE", None)
-                cmd = [sys.executable, __file__, "--rank-main", kind, "--iters", str(a.iters), "--warmup", str(a.warmup)]
-                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            try:
-                outs = [pr.communicate(timeout=900) for pr in procs]
-            finally:
-                for pr in procs:
-                    pr.kill()
-            if any(pr.returncode for pr in procs):
-                for r, (_, e) in enumerate(outs):
-                    print(f"rank {r} exited {procs[r].returncode}:\n{e[-2000:]}", file=sys.stderr)
-                sys.exit(1)
-            for r, (o, _) in enumerate(outs):
+            args = [__file__, "--rank-main", kind, "--iters", str(a.iters), "--warmup", str(a.warmup)]
+            outs = run_ranks(n, args)
+            for r, o in enumerate(outs):
                 f = json.loads(o.strip().splitlines()[-1])
                 print(
                     f"{n:>5} {kind:>5} {r:>4} {f['pre']:>7.1f} {f['round']:>7.1f} {f['post']:>7.1f} {f['total']:>7.1f} {f['raw']:>7.1f}",
