@@ -224,8 +224,8 @@ def test_ranks_that_disagree_on_the_root_are_told_what_about():
             g.broadcast(rank, b"x")  # each rank names itself the root
         except lens_trace.ConfigError as e:
             return e.disagreement
-        except lens_trace.BroadcastTimeout:
-            return "timeout"
+        except lens_trace.LensError as e:  # the other rank may time out waiting instead
+            return e.kind
         return "no error"
 
     got = lens_trace.run_local(2, rank_main, timeout=1)
