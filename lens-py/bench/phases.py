@@ -6,12 +6,12 @@ For each group size it starts that many rank processes on 127.0.0.1 and, on both
 ``torch_group`` (gloo) and a ``tcp_group``, runs the steps of ``broadcast_trace_context``
 one by one after a gloo barrier, timing each on each rank:
 
-- ``pre``: the argument checks, finding the group, and on the source the carrier injected
-  from the current span (``inject_carrier``);
-- ``round``: the group's native ``broadcast_map`` (encode, the one collective, decode, a
-  ``dict`` back), with the GIL released while it waits;
+- ``pre``: the argument checks, finding the group, and on the source the span context's
+  parts read from the current span (``_w3c_parts``), the result made empty;
+- ``round``: the group's native ``broadcast_w3c`` (the carrier written and encoded, the one
+  collective, decoded into the result), with the GIL released while it waits;
 - ``post``: on the source, how the ranks came written on its span (``record_arrivals``,
-  TCP only), the samplers told (``after_round``) and the ``RemoteCarrier`` made;
+  TCP only) and the samplers told (``after_round``);
 - ``raw``: the bare collective in the same run: one gloo broadcast of the slab (launched as
   lens launches it) or the TCP group's round of the carrier's bytes.
 
@@ -31,6 +31,7 @@ from _ranks import run_ranks
 def rank_main(group_kind: str, iters: int, warmup: int) -> None:
     import torch
     import torch.distributed as dist
+    from opentelemetry import propagate
     from opentelemetry.sdk.trace import TracerProvider
 
     import lens_trace
@@ -68,14 +69,15 @@ def rank_main(group_kind: str, iters: int, warmup: int) -> None:
             lens._check_int("rank", rank)
             lens._check_int("src_rank", 0)
             g = lens._find_group()
-            mine = lens.inject_carrier(None) if rank == 0 else None
+            lens._default_textmap(propagate.get_global_textmap())
+            parts = lens._w3c_parts(None) if rank == 0 else (None, None, None)
+            got = lens._new_remote_carrier(0)
             t1 = clock()
-            got = g.broadcast_map(0, mine)
+            g.broadcast_w3c(0, *parts, got)
             t2 = clock()
             if rank == 0:
                 record_arrivals(g, None)
             after_round(g)
-            lens.RemoteCarrier(got, source_rank=0)
             t3 = clock()
             dist.barrier()
             t4 = clock()

@@ -149,6 +149,49 @@ impl Group {
         to_dict(py, &got)
     }
 
+    /// `broadcast_map` for the default W3C pair, with the source's carrier written here
+    /// from its parts: `ids` is `(trace_id, span_id, trace_flags)` of a valid span context
+    /// (`None` for none), `tracestate` and `baggage` the headers where there are any. The
+    /// other ranks pass only `src_rank`. The carrier is put into `into` (a `dict`, empty)
+    /// where given, else a new `dict`: the same keys, values and order as `broadcast_map` of
+    /// what the W3C propagators inject, without a `dict` made and read on the way.
+    #[pyo3(signature = (src_rank, ids=None, tracestate=None, baggage=None, into=None))]
+    fn broadcast_w3c<'py>(
+        &self,
+        py: Python<'py>,
+        src_rank: usize,
+        ids: Option<(u128, u64, u8)>,
+        tracestate: Option<&str>,
+        baggage: Option<&str>,
+        into: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let b = self.live().py(py)?;
+        let mine = (self.rank == src_rank).then(|| {
+            let mut c = lens_core::Carrier::new();
+            if let Some((trace_id, span_id, flags)) = ids {
+                c.insert(
+                    "traceparent",
+                    format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}"),
+                );
+                if let Some(ts) = tracestate.filter(|t| !t.is_empty()) {
+                    c.insert("tracestate", ts);
+                }
+            }
+            if let Some(bg) = baggage.filter(|b| !b.is_empty()) {
+                c.insert("baggage", bg);
+            }
+            c
+        });
+        let got = py
+            .detach(|| blocking::broadcast_carrier_whole(&*b, src_rank, mine.as_ref()))
+            .py(py)?;
+        let dict = into.unwrap_or_else(|| PyDict::new(py));
+        for (k, v) in got.iter() {
+            dict.set_item(k, v)?;
+        }
+        Ok(dict)
+    }
+
     /// How the ranks came to the last round this rank was the source of, where the
     /// transport knows (`tcp_group`, `local_cluster`): a tuple
     /// `(last_rank, spread_ns, [(rank, ns_after_first), ...latest first])`, taken (asked

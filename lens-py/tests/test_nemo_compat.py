@@ -217,3 +217,36 @@ def test_the_fast_path_writes_what_the_default_propagators_write():
         want: dict = {}
         w3c.inject(want, context=cx)
         assert lens_trace.inject_carrier(cx) == want, why
+
+
+def test_the_broadcast_sends_what_the_default_propagators_write():
+    # The broadcast writes the default pair's carrier natively from the span context's
+    # parts: every rank must get what the propagators themselves would have written, keys
+    # in their order, from every kind of context.
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace.span import TraceState
+
+    w3c = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+    tracer = tracer_of(InMemorySpanExporter())
+    remote = trace.SpanContext(
+        2**128 - 1, 1, is_remote=True, trace_flags=trace.TraceFlags(0xFF), trace_state=TraceState([("a", "b"), ("c", "d")])
+    )
+    contexts = {
+        "empty": context.Context(),
+        "a span": trace.set_span_in_context(tracer.start_span("s")),
+        "the largest ids, every flag, two tracestate entries": trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+        "baggage only": baggage.set_baggage("k", "v w", context.Context()),
+        "a span and baggage": baggage.set_baggage("a", "1", trace.set_span_in_context(tracer.start_span("t"))),
+    }
+    for why, cx in contexts.items():
+        want: dict = {}
+        w3c.inject(want, context=cx)
+
+        def rank_fn(rank):
+            got = broadcast_trace_context(rank, 0, context=cx if rank == 0 else None)
+            return list(got.items()), got.source_rank
+
+        got = lens_trace.run_local(3, rank_fn)
+        assert got == [(list(want.items()), 0)] * 3, why

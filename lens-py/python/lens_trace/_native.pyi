@@ -33,6 +33,16 @@ class Group:
         self, src_rank: int, carrier: Optional[Dict[str, str]] = None
     ) -> Optional[Dict[str, str]]: ...
     def broadcast_map(self, src_rank: int, carrier: Optional[Dict[str, str]] = None) -> Dict[str, str]: ...
+    def broadcast_w3c(
+        self,
+        src_rank: int,
+        ids: Optional[Tuple[int, int, int]] = None,
+        tracestate: Optional[str] = None,
+        baggage: Optional[str] = None,
+        into: Optional[Dict[str, str]] = None,
+    ) -> Dict[str, str]:
+        """``broadcast_map`` for the default W3C pair, the source's carrier written from
+        its span context's parts and headers; the result put into ``into`` where given."""
     def sample(self, rules: Optional[str] = None) -> None:
         """Decides this rank's steps with lens's step sampler (rules as ``LENS_SAMPLE``
         takes them; ``None``: that variable's); ``lens_trace.StepSampler`` holds the spans."""

@@ -217,6 +217,33 @@ def inject_carrier(context: Optional[Context] = None) -> dict:
     return carrier
 
 
+def _w3c_parts(context: Optional[Context]) -> "tuple[Optional[tuple[int, int, int]], Optional[str], Optional[str]]":
+    """What the default W3C pair injects from ``context`` (or the current one), in parts:
+    the span context's ids and flags where it is valid, its tracestate header, the baggage
+    header."""
+    if context is None:
+        context = get_current()
+    sc = trace.get_current_span(context).get_span_context()
+    ids = tracestate = header = None
+    if sc.is_valid:
+        ids = (sc.trace_id, sc.span_id, sc.trace_flags)
+        if sc.trace_state:
+            tracestate = sc.trace_state.to_header()
+    if baggage.get_all(context):
+        written: dict = {}
+        _BAGGAGE.inject(written, context=context)
+        header = written.get("baggage")
+    return ids, tracestate, header
+
+
+def _new_remote_carrier(source_rank: int) -> "RemoteCarrier":
+    """An empty :class:`RemoteCarrier` from ``source_rank``, made without its ``__init__``
+    (the broadcast fills it)."""
+    carrier = dict.__new__(RemoteCarrier)
+    carrier.source_rank = source_rank
+    return carrier
+
+
 def _extract(carrier: Mapping[str, str]) -> Context:
     textmap = propagate.get_global_textmap()
     return (_W3C if _default_textmap(textmap) else textmap).extract(carrier)
@@ -296,9 +323,20 @@ def broadcast_trace_context(
         rank = g.rank
     if src_rank >= g.world_size:
         raise ValueError(f"src_rank {src_rank} is outside a group of {g.world_size} rank(s)")
-    mine = inject_carrier(context) if rank == src_rank else None
+    w3c = getattr(g, "broadcast_w3c", None)
+    if w3c is not None and _default_textmap(propagate.get_global_textmap()):
+        # The default pair: the carrier written natively from the span context's parts and
+        # filled into the result, the same carrier with no dict made and read on the way.
+        parts = _w3c_parts(context) if rank == src_rank else (None, None, None)
+        got: Optional[RemoteCarrier] = _new_remote_carrier(src_rank)
+    else:
+        mine = inject_carrier(context) if rank == src_rank else None
+        got = None
     try:
-        got = g.broadcast_map(src_rank, mine)
+        if got is not None:
+            w3c(src_rank, *parts, got)
+        else:
+            got = RemoteCarrier(g.broadcast_map(src_rank, mine), source_rank=src_rank)
     except BroadcastTimeout as e:
         round_failed(g)
         report_hang(g, e.missing_ranks, e.after, e.last_seen, e.via)
@@ -309,7 +347,7 @@ def broadcast_trace_context(
     if rank == src_rank:
         record_arrivals(g, context)
     after_round(g)
-    return RemoteCarrier(got, source_rank=src_rank)
+    return got
 
 
 RemoteLike = Union[Context, SpanContext, None]
