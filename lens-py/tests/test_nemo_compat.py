@@ -194,7 +194,9 @@ def test_lens_errors_are_the_builtin_exceptions_callers_catch():
     assert issubclass(lens_trace.UnavailableError, RuntimeError)
 
 
-def test_the_fast_path_writes_what_the_default_propagators_write():
+def w3c_cases():
+    """Each kind of context by name, with the carrier the default propagator pair (W3C
+    trace context, then baggage) writes from it: what lens's fast paths must write too."""
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -202,20 +204,32 @@ def test_the_fast_path_writes_what_the_default_propagators_write():
 
     w3c = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
     tracer = tracer_of(InMemorySpanExporter())
-    remote = trace.SpanContext(
-        0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(3), trace_state=TraceState([("vendor", "x=1")])
-    )
+
+    def remote(trace_id, span_id, flags, state):
+        sc = trace.SpanContext(
+            trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags), trace_state=TraceState(state)
+        )
+        return trace.set_span_in_context(trace.NonRecordingSpan(sc))
+
     contexts = {
         "empty": context.Context(),
         "a span": trace.set_span_in_context(tracer.start_span("s")),
-        "a remote span with tracestate": trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+        "a remote span with tracestate": remote(0x1234, 0x5678, 3, [("vendor", "x=1")]),
+        "the largest ids, every flag, two tracestate entries": remote(2**128 - 1, 1, 0xFF, [("a", "b"), ("c", "d")]),
         "baggage only": baggage.set_baggage("k", "v w", context.Context()),
         "a span and baggage": baggage.set_baggage("a", "1", trace.set_span_in_context(tracer.start_span("t"))),
     }
-    assert type(propagate.get_global_textmap()) is CompositePropagator, "the default global propagator"
     for why, cx in contexts.items():
         want: dict = {}
         w3c.inject(want, context=cx)
+        yield why, cx, want
+
+
+def test_the_fast_path_writes_what_the_default_propagators_write():
+    from opentelemetry.propagators.composite import CompositePropagator
+
+    assert type(propagate.get_global_textmap()) is CompositePropagator, "the default global propagator"
+    for why, cx, want in w3c_cases():
         assert lens_trace.inject_carrier(cx) == want, why
 
 
@@ -223,26 +237,7 @@ def test_the_broadcast_sends_what_the_default_propagators_write():
     # The broadcast writes the default pair's carrier natively from the span context's
     # parts: every rank must get what the propagators themselves would have written, keys
     # in their order, from every kind of context.
-    from opentelemetry.baggage.propagation import W3CBaggagePropagator
-    from opentelemetry.propagators.composite import CompositePropagator
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from opentelemetry.trace.span import TraceState
-
-    w3c = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-    tracer = tracer_of(InMemorySpanExporter())
-    remote = trace.SpanContext(
-        2**128 - 1, 1, is_remote=True, trace_flags=trace.TraceFlags(0xFF), trace_state=TraceState([("a", "b"), ("c", "d")])
-    )
-    contexts = {
-        "empty": context.Context(),
-        "a span": trace.set_span_in_context(tracer.start_span("s")),
-        "the largest ids, every flag, two tracestate entries": trace.set_span_in_context(trace.NonRecordingSpan(remote)),
-        "baggage only": baggage.set_baggage("k", "v w", context.Context()),
-        "a span and baggage": baggage.set_baggage("a", "1", trace.set_span_in_context(tracer.start_span("t"))),
-    }
-    for why, cx in contexts.items():
-        want: dict = {}
-        w3c.inject(want, context=cx)
+    for why, cx, want in w3c_cases():
 
         def rank_fn(rank):
             got = broadcast_trace_context(rank, 0, context=cx if rank == 0 else None)
