@@ -205,15 +205,14 @@ def inject_carrier(context: Optional[Context] = None) -> dict:
         textmap.inject(carrier, context=context)
         return carrier
     # The default pair, written directly: the same headers the two propagators write.
-    if context is None:
-        context = get_current()  # once, for the span and the baggage
-    sc = trace.get_current_span(context).get_span_context()
-    if sc.is_valid:
-        carrier["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
-        if sc.trace_state:
-            carrier["tracestate"] = sc.trace_state.to_header()
-    if baggage.get_all(context):
-        _BAGGAGE.inject(carrier, context=context)
+    ids, tracestate, header = _w3c_parts(context)
+    if ids is not None:
+        trace_id, span_id, flags = ids
+        carrier["traceparent"] = f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+        if tracestate:
+            carrier["tracestate"] = tracestate
+    if header:
+        carrier["baggage"] = header
     return carrier
 
 
@@ -222,7 +221,7 @@ def _w3c_parts(context: Optional[Context]) -> "tuple[Optional[tuple[int, int, in
     the span context's ids and flags where it is valid, its tracestate header, the baggage
     header."""
     if context is None:
-        context = get_current()
+        context = get_current()  # once, for the span and the baggage
     sc = trace.get_current_span(context).get_span_context()
     ids = tracestate = header = None
     if sc.is_valid:
