@@ -263,15 +263,10 @@ impl Group {
             let mut guard = self.inner.write().unwrap_or_else(|p| p.into_inner());
             guard.take()
         };
-        if tcp.is_some() {
-            // A TCP group's sockets close as it drops; let that happen without the GIL.
-            py.detach(move || drop((taken, tcp)));
-        } else {
-            // A callback group holds Python objects (torch's process group): dropped with
-            // the GIL held they go now, not whenever PyO3 next takes the GIL (at exit,
-            // perhaps never, or in the interpreter's teardown).
-            drop(taken);
-        }
+        // A TCP group's sockets close as it drops; let that happen without the GIL. (A
+        // callback group's Python objects dropped there are released as `detach` takes the
+        // GIL back: `test_closing_a_callback_group_lets_go_of_its_collective_at_once`.)
+        py.detach(move || drop((taken, tcp)));
         flushed.py(py)
     }
 

@@ -167,3 +167,59 @@ def test_torch_group_over_gloo_in_two_processes(tmp_path):
             p.kill()
     assert all(p.returncode == 0 for p in procs), outs
     assert outs[0].strip().splitlines()[-1] == outs[1].strip().splitlines()[-1]
+
+
+def test_closing_a_callback_group_lets_go_of_its_collective_at_once():
+    # A torch group's collective holds torch's process group: close() must drop it then
+    # (with the GIL), not whenever the extension next takes the GIL.
+    import gc
+    import weakref
+
+    class Collective:
+        def __call__(self, buf, root, left):
+            pass
+
+    coll = Collective()
+    gone = weakref.ref(coll)
+    g = lens_trace.callback_group(coll, 0, 1, timeout=5)
+    del coll
+    gc.collect()
+    assert gone() is not None, "the open group holds its collective"
+    g.close()
+    assert gone() is None, "close() let go of the collective"
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (scripts/test.sh installs it)")
+def test_a_torch_group_left_open_is_closed_at_exit(tmp_path):
+    # A script that keeps its group in a global and never closes it: lens closes it at exit,
+    # before the interpreter's teardown. An exit hook registered before torch and lens were
+    # imported runs after theirs, and sees the group closed.
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import atexit\n"
+        "kept = {}\n"
+        "atexit.register(lambda: print('closed at exit:', kept['g'].closed, flush=True))\n"
+        "import torch.distributed as dist\n"
+        "import lens_trace\n"
+        "dist.init_process_group('gloo')\n"
+        "kept['g'] = lens_trace.torch_group(timeout=10)\n"
+        "kept['g'].broadcast(0, b'x' if dist.get_rank() == 0 else None)\n"
+        "print('open after a round:', not kept['g'].closed, flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+        assert "open after a round: True" in out and "closed at exit: True" in out, out

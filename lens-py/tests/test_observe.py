@@ -128,3 +128,35 @@ def test_clock_offsets_on_one_clock_are_within_their_bound():
     assert tables[0][0] == (0, 0)
     for offset, error in tables[0]:
         assert abs(offset) <= error
+
+
+def test_at_most_sixteen_late_ranks_reach_the_exported_span_latest_first():
+    # The late ranks are picked in Rust (later than the threshold, at most 16): what the
+    # exporter receives must be those, the latest first, and no punctual rank.
+    from lens_trace.observe import MAX_LATE_EVENTS
+
+    exporter = InMemorySpanExporter()
+    tracer = provider_with(exporter).get_tracer("test")
+    lens_trace.set_late_threshold(0.02)
+    world = 20
+
+    def rank_main(rank):
+        if rank >= 2:
+            time.sleep(0.06 + 0.004 * rank)  # 18 late ranks, each later than the one before
+        if rank == 0:
+            with tracer.start_as_current_span("train_step"):
+                broadcast_trace_context(rank, src_rank=0)
+        else:
+            broadcast_trace_context(rank, src_rank=0)
+
+    try:
+        lens_trace.run_local(world, rank_main, timeout=10)
+    finally:
+        lens_trace.set_late_threshold(0.001)
+    (step,) = [s for s in exporter.get_finished_spans() if s.name == "train_step"]
+    late = [e.attributes for e in step.events if e.name == "lens.round.late_rank"]
+    assert len(late) == MAX_LATE_EVENTS == 16, late
+    ranks = [a["lens.round.rank"] for a in late]
+    assert ranks == sorted(ranks, reverse=True) and min(ranks) >= 2, ranks
+    assert all(a["lens.round.late_ns"] > 20_000_000 for a in late), late
+    assert step.attributes["lens.round.last_rank"] == world - 1

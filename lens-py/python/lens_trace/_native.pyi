@@ -27,7 +27,9 @@ class Group:
         """How many rounds this rank has started, where the transport counts them."""
     def clock_offsets(self, reference: int = 0, repetitions: int = 4) -> List[Tuple[int, int]]:
         """Every rank's ``(offset_ns, error_ns)`` from ``reference``'s clock; collective."""
-    def closed(self) -> bool: ...
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
     def broadcast(self, root: int, payload: Optional[bytes] = None) -> bytes: ...
     def broadcast_carrier(
         self, src_rank: int, carrier: Optional[Dict[str, str]] = None

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::rank::STEP_SPAN;
 use super::record::{Job, SpanRecord};
+use super::view::{came_last, span_in_step};
 
 const MAX_STEPS: usize = 2;
 const MAX_RANKS: usize = 8;
@@ -52,12 +53,8 @@ pub(crate) fn trace_svg(job: &Job) -> String {
             root.step.unwrap_or(-1),
             root.trace_id
         );
-        if let (Some(last), Some(spread)) = (root.last_rank, root.spread_ns) {
-            let _ = write!(
-                title,
-                "  ·  rank {last} came last, {:.2} ms after the first",
-                spread as f64 / 1e6
-            );
+        if let Some(line) = came_last(root) {
+            let _ = write!(title, "  ·  {line}");
         }
         let _ = writeln!(
             out,
@@ -84,10 +81,7 @@ pub(crate) fn trace_svg(job: &Job) -> String {
         let root_y = top + STEP_GAP - 18.0 + ROW_H / 2.0;
         for rank in 0..ranks {
             let y = top + STEP_GAP - 18.0 + rank as f64 * ROW_H;
-            let span = job.ranks[rank]
-                .iter()
-                .find(|s| s.step == root.step && (rank == 0) == (s.name == STEP_SPAN));
-            let Some(span) = span else {
+            let Some(span) = span_in_step(job, rank, root) else {
                 let _ = writeln!(
                     out,
                     "<text x=\"{MARGIN}\" y=\"{:.1}\">rank {rank}  (no span)</text>",
@@ -127,12 +121,18 @@ pub(crate) fn trace_svg(job: &Job) -> String {
         }
     }
     let legend_y = height - MARGIN;
+    let hidden = job.ranks.len() - ranks;
+    let more = if hidden > 0 {
+        format!("  ·  {hidden} more rank(s) not drawn")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
         "<rect x=\"{MARGIN}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{STEP_COLOUR}\"/>\n\
          <text x=\"{:.1}\" y=\"{legend_y:.1}\">rank 0's step span</text>\n\
          <rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{STAGE_COLOUR}\"/>\n\
-         <text x=\"{:.1}\" y=\"{legend_y:.1}\">a later stage's span, linked to it (dashed)</text>",
+         <text x=\"{:.1}\" y=\"{legend_y:.1}\">a later stage's span, linked to it (dashed){more}</text>",
         legend_y - 10.0,
         MARGIN + 18.0,
         MARGIN + 170.0,

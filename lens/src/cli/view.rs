@@ -15,6 +15,29 @@ const WIDTH: usize = 48;
 const MAX_STEPS_SHOWN: usize = 3;
 const MAX_RANKS_SHOWN: usize = 12;
 
+/// Rank `rank`'s span in the step `root` (rank 0's step span) opened: the step span itself
+/// on rank 0, a stage's span elsewhere.
+pub(crate) fn span_in_step<'a>(
+    job: &'a Job,
+    rank: usize,
+    root: &SpanRecord,
+) -> Option<&'a SpanRecord> {
+    job.ranks
+        .get(rank)?
+        .iter()
+        .find(|s| s.step == root.step && (rank == 0) == (s.name == STEP_SPAN))
+}
+
+/// "rank R came last, X ms after the first", where the step's source knows how the ranks
+/// came.
+pub(crate) fn came_last(root: &SpanRecord) -> Option<String> {
+    let (last, spread) = (root.last_rank?, root.spread_ns?);
+    Some(format!(
+        "rank {last} came last, {:.2} ms after the first",
+        spread as f64 / 1e6
+    ))
+}
+
 /// A waterfall per step: one bar per rank, with the link each stage's span carries.
 pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
     let mut out = String::new();
@@ -94,12 +117,8 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
             root.trace_id,
             root.span_id
         );
-        if let (Some(last), Some(spread)) = (root.last_rank, root.spread_ns) {
-            let _ = writeln!(
-                out,
-                "  arrivals: rank {last} came last, {:.2} ms after the first",
-                spread as f64 / 1e6
-            );
+        if let Some(line) = came_last(root) {
+            let _ = writeln!(out, "  arrivals: {line}");
         }
         let shown: Vec<usize> = if n <= MAX_RANKS_SHOWN {
             (0..n).collect()
@@ -114,10 +133,7 @@ pub(crate) fn waterfall(job: &Job, parent: ParentArg, backend: &str) -> String {
                     format!("… {} more", rank - shown[i - 1] - 1)
                 );
             }
-            let span: Option<&SpanRecord> = job.ranks[rank]
-                .iter()
-                .find(|s| s.step == root.step && (rank == 0) == (s.name == STEP_SPAN));
-            let Some(span) = span else {
+            let Some(span) = span_in_step(job, rank, root) else {
                 let _ = writeln!(out, "  rank {rank:<4} (no span)");
                 continue;
             };
