@@ -103,11 +103,15 @@ pub async fn measure_clock_offsets_async(
 /// relay that waited for acknowledgements after it had them returns a round trip or more
 /// later, which would read as a one-way delay and bias the offset by half of it
 /// ([`Broadcaster::received_at`]).
+///
+/// The time since the data came is taken before the clock is read: a stall between the two
+/// (a preempted thread) then makes the reading late, which only widens the bound, never
+/// early, which would put the data's arrival before its sending and the offset outside
+/// its bound.
 fn came_at(b: &dyn Broadcaster, now: &dyn Fn() -> i128) -> i128 {
+    let since = b.received_at().map(|at| at.elapsed());
     let t = now();
-    b.received_at().map_or(t, |at| {
-        t - i128::try_from(at.elapsed().as_nanos()).unwrap_or(0)
-    })
+    since.map_or(t, |d| t - i128::try_from(d.as_nanos()).unwrap_or(0))
 }
 
 async fn measure_with(

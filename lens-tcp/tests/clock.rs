@@ -1,5 +1,6 @@
 //! Real clocks: a TCP job of two processes in which rank 1 runs under libfaketime 2.5 s
 //! ahead. The offset lens measures is within 1 ms of 2.5 s, and its bound under 1 ms.
+//! And one clock read by a rank that stalls: the offsets stay within their bounds.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -7,7 +8,54 @@ use std::time::Duration;
 use lens_tcp::{TcpBroadcaster, TcpConfig};
 use lens_testkit::process::{Supervised, wait_all};
 
+mod common;
+
 const AHEAD_NS: i64 = 2_500_000_000;
+
+/// The reference stalls 30 ms right after every third reading of its clock (the one after
+/// each rank's answer came, in the present order), as a rank preempted on a busy host does. A reading of when the data came must not be pushed earlier by the
+/// stall (it was, once: the time since the data came was measured after the clock was
+/// read, so a stall in between made the data seem to come before it was sent and the
+/// bound read zero while the offset read 15 ms). One host, one clock: every offset must be
+/// within its bound of zero.
+#[test]
+fn a_reference_that_stalls_after_reading_its_clock_keeps_every_offset_within_its_bound() {
+    const REFERENCE: usize = 2;
+    let ranks = common::group(3, Duration::from_secs(10));
+    let tables: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                s.spawn(move || {
+                    let readings = std::sync::atomic::AtomicUsize::new(0);
+                    let now = move || {
+                        let t = lens_core::clock::system_now_ns();
+                        let nth = 1 + readings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if rank == REFERENCE && nth % 3 == 0 {
+                            std::thread::sleep(Duration::from_millis(30));
+                        }
+                        t
+                    };
+                    lens_core::clock::measure_clock_offsets_with(b, REFERENCE, 2, &now)
+                        .expect("measured")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    for (r, c) in tables[0].iter().enumerate() {
+        assert!(
+            c.offset_ns.unsigned_abs() <= c.error_ns,
+            "rank {r}: offset {} ns outside its bound {} ns on one clock",
+            c.offset_ns,
+            c.error_ns
+        );
+    }
+}
 
 #[test]
 #[ignore = "needs faketime (Debian package faketime): scripts/test.sh installs it and runs this with --ignored"]
