@@ -347,6 +347,19 @@ impl Broadcaster for TcpBroadcaster {
     }
 
     async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        self.round_here(root, payload)
+    }
+
+    /// The round blocks the calling thread anyway: no boxed future, no executor.
+    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
+        Some(self.round_here(root, payload))
+    }
+}
+
+impl TcpBroadcaster {
+    /// One round on the calling thread ([`Broadcaster::broadcast`] and
+    /// [`Broadcaster::broadcast_sync`] alike).
+    fn round_here(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let payload = check_broadcast_args(self, root, payload)?;
         if self.world_size == 1 {
             return Ok(payload.map(<[u8]>::to_vec).unwrap_or_default());

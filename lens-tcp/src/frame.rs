@@ -85,6 +85,15 @@ impl std::fmt::Display for Reject {
     }
 }
 
+/// A frame's header fields.
+struct Head {
+    kind: Kind,
+    sender: u32,
+    session: u64,
+    round: u64,
+    root: u32,
+}
+
 /// Signs and checks frames with the job key.
 #[derive(Clone)]
 pub(crate) struct Codec {
@@ -107,17 +116,20 @@ impl Codec {
         round: u64,
         root: u32,
     ) -> Vec<u8> {
-        self.encode_raw(msg.kind(), sender, session, round, root, &msg.payload())
+        let head = Head {
+            kind: msg.kind(),
+            sender,
+            session,
+            round,
+            root,
+        };
+        // The payload is written into the frame itself: one allocation per frame.
+        self.encode_with(head, msg.payload_len_hint(), |out| msg.write_payload(out))
     }
 
-    /// The unsigned hint that a KNOCK failed authentication here.
-    pub(crate) fn key_mismatch_hint(&self) -> Vec<u8> {
-        self.encode_raw(Kind::KeyMismatch, 0, 0, 0, 0, &[])
-    }
-
-    /// A frame of `kind` around `payload`. Payloads are bounded by the configuration (far
-    /// below 4 GiB), so the length fields cannot overflow.
-    fn encode_raw(
+    /// A frame of `kind` around `payload` as it is (tests: payloads no message writes).
+    #[cfg(test)]
+    pub(crate) fn encode_raw(
         &self,
         kind: Kind,
         sender: u32,
@@ -126,22 +138,48 @@ impl Codec {
         root: u32,
         payload: &[u8],
     ) -> Vec<u8> {
-        let len = FRAME_HEADER + payload.len() + TAG;
-        let mut out = Vec::with_capacity(PREFIX + len);
-        out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+        let head = Head {
+            kind,
+            sender,
+            session,
+            round,
+            root,
+        };
+        self.encode_with(head, payload.len(), |out| out.extend_from_slice(payload))
+    }
+
+    /// The unsigned hint that a KNOCK failed authentication here.
+    pub(crate) fn key_mismatch_hint(&self) -> Vec<u8> {
+        let head = Head {
+            kind: Kind::KeyMismatch,
+            sender: 0,
+            session: 0,
+            round: 0,
+            root: 0,
+        };
+        self.encode_with(head, 0, |_| {})
+    }
+
+    /// A frame of `head` around what `payload` writes (about `hint` bytes). Payloads are
+    /// bounded by the configuration (far below 4 GiB), so the length fields cannot
+    /// overflow.
+    fn encode_with(&self, head: Head, hint: usize, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PREFIX + FRAME_HEADER + hint + TAG);
+        out.extend_from_slice(&[0; PREFIX]);
         out.extend_from_slice(MAGIC);
-        out.push(kind as u8);
-        out.extend_from_slice(&sender.to_le_bytes());
-        out.extend_from_slice(&session.to_le_bytes());
-        out.extend_from_slice(&round.to_le_bytes());
-        out.extend_from_slice(&root.to_le_bytes());
-        out.extend_from_slice(
-            &u32::try_from(payload.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
-        out.extend_from_slice(payload);
-        if kind == Kind::KeyMismatch {
+        out.push(head.kind as u8);
+        out.extend_from_slice(&head.sender.to_le_bytes());
+        out.extend_from_slice(&head.session.to_le_bytes());
+        out.extend_from_slice(&head.round.to_le_bytes());
+        out.extend_from_slice(&head.root.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        payload(&mut out);
+        let payload_len = out.len() - PREFIX - FRAME_HEADER;
+        let len = out.len() - PREFIX + TAG;
+        out[..PREFIX].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+        out[PREFIX + FRAME_HEADER - 4..PREFIX + FRAME_HEADER]
+            .copy_from_slice(&u32::try_from(payload_len).unwrap_or(u32::MAX).to_le_bytes());
+        if head.kind == Kind::KeyMismatch {
             out.extend_from_slice(&[0; TAG]);
         } else {
             let mut mac = self.mac.clone();
@@ -183,7 +221,7 @@ impl Codec {
         let mut mac = self.mac.clone();
         mac.update(body);
         mac.verify_slice(tag).map_err(|_| Reject::BadTag(kind))?;
-        let msg = Message::decode(kind, body[FRAME_HEADER..].to_vec())
+        let msg = Message::decode(kind, &body[FRAME_HEADER..])
             .ok_or(Reject::Malformed("a payload that does not fit its kind"))?;
         Ok(Frame {
             sender: u32_at(body, 5),
@@ -205,9 +243,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
-/// The complete frames at the start of `bytes`, and how many bytes they take.
-fn split(bytes: &[u8], limit: usize) -> Result<(Vec<Vec<u8>>, usize), TooLarge> {
-    let mut frames = Vec::new();
+/// How many bytes the complete frames at the start of `bytes` take; a length over `limit`
+/// anywhere among them is refused before any frame is used.
+fn complete(bytes: &[u8], limit: usize) -> Result<usize, TooLarge> {
     let mut at = 0;
     while bytes.len() - at >= PREFIX {
         let len = u32_at(bytes, at) as usize;
@@ -217,10 +255,22 @@ fn split(bytes: &[u8], limit: usize) -> Result<(Vec<Vec<u8>>, usize), TooLarge> 
         if bytes.len() - at - PREFIX < len {
             break;
         }
-        frames.push(bytes[at + PREFIX..at + PREFIX + len].to_vec());
         at += PREFIX + len;
     }
-    Ok((frames, at))
+    Ok(at)
+}
+
+/// Calls `each` with every frame (prefix removed) of `bytes`, which holds whole frames,
+/// until it returns false.
+fn each_frame(bytes: &[u8], mut each: impl FnMut(&[u8]) -> bool) {
+    let mut at = 0;
+    while at < bytes.len() {
+        let len = u32_at(bytes, at) as usize;
+        if !each(&bytes[at + PREFIX..at + PREFIX + len]) {
+            return;
+        }
+        at += PREFIX + len;
+    }
 }
 
 /// Reassembles length-prefixed frames from the chunks a stream delivers.
@@ -241,19 +291,34 @@ impl Reassembler {
         self.buf = Vec::new();
     }
 
-    /// Appends `chunk` and returns the complete frames (prefixes removed). A length over
-    /// `limit` is refused before its bytes are kept.
-    pub(crate) fn push(&mut self, chunk: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, TooLarge> {
+    /// Appends `chunk` and calls `each` with every complete frame (prefix removed), in
+    /// place, until it returns false (the stream is given up: what is left does not
+    /// matter). A length over `limit` is refused before any frame of the chunk is used or
+    /// its bytes kept.
+    pub(crate) fn push(
+        &mut self,
+        chunk: &[u8],
+        limit: usize,
+        each: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), TooLarge> {
         if self.buf.is_empty() {
-            // The usual case: whole frames in one chunk, read in place; only a tail is kept.
-            let (frames, used) = split(chunk, limit).inspect_err(|_| self.reset())?;
+            // The usual case: whole frames in one chunk, read where they lie; only a tail
+            // is kept.
+            let used = complete(chunk, limit).inspect_err(|_| self.reset())?;
+            each_frame(&chunk[..used], each);
             self.buf.extend_from_slice(&chunk[used..]);
-            return Ok(frames);
+            return Ok(());
         }
         self.buf.extend_from_slice(chunk);
-        let (frames, used) = split(&self.buf, limit).inspect_err(|_| self.reset())?;
+        let used = complete(&self.buf, limit).inspect_err(|_| self.reset())?;
+        each_frame(&self.buf[..used], each);
         self.buf.drain(..used);
-        Ok(frames)
+        Ok(())
+    }
+
+    /// Whether no part of a frame is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
 
     /// Bytes held for an incomplete frame.

@@ -93,6 +93,15 @@ pub(crate) struct RoundMachine {
     outcome: Option<Outcome>,
 }
 
+/// The bytes of a DATA message the machine uses, moved out of it (the frame is dropped
+/// once used): a copy per round on every rank otherwise.
+fn take_data(msg: &mut Message<'static>) -> Vec<u8> {
+    match msg {
+        Message::Data(body) => std::mem::take(body).into_owned(),
+        _ => Vec::new(),
+    }
+}
+
 impl RoundMachine {
     /// Starts the round `plan` says at `now`; `mine` is the payload when this rank is the
     /// root.
@@ -217,8 +226,14 @@ impl RoundMachine {
     }
 
     /// What to say again when the same frame comes again, once the round is over.
+    #[cfg(test)]
     pub(crate) fn answers(&self) -> &[Answer] {
         &self.answers
+    }
+
+    /// What to say again, taken once the round is over here (moved, not copied).
+    pub(crate) fn take_answers(&mut self) -> Vec<Answer> {
+        std::mem::take(&mut self.answers)
     }
 
     /// How long this rank has been in the round.
@@ -269,21 +284,21 @@ impl RoundMachine {
             && self.tree.parent(sender) == Some(self.me)
             && self.tree.is_below(self.root, sender)
             && root == self.root;
-        match (self.step, msg) {
-            (Step::RootData, Message::Data(body)) if from_root_side => {
-                self.forward(links, body.to_vec(), now);
+        match (self.step, &*msg) {
+            (Step::RootData, Message::Data(_)) if from_root_side => {
+                self.forward(links, take_data(msg), now);
             }
-            (Step::Data | Step::Acks | Step::Verdict, Message::Data(body))
+            (Step::Data | Step::Acks | Step::Verdict, Message::Data(_))
                 if self.me != 0 && from_root_side =>
             {
                 links.send(To::Up, msg);
-                self.relayed = Some(body.to_vec());
+                self.relayed = Some(take_data(msg));
             }
-            (Step::Data, Message::Data(body)) if from == up => {
+            (Step::Data, Message::Data(_)) if from == up => {
                 if root != self.root {
                     self.end(Outcome::WrongRoot(root));
                 } else {
-                    self.forward(links, body.to_vec(), now);
+                    self.forward(links, take_data(msg), now);
                 }
             }
             (Step::Data, Message::Fail { missing }) if from == up => {

@@ -122,13 +122,46 @@ impl Message<'_> {
     }
 
     /// The payload bytes (a round's data as it is).
+    #[cfg(test)]
     pub(crate) fn payload(&self) -> Cow<'_, [u8]> {
+        if let Message::Data(d) = self {
+            return Cow::Borrowed(d);
+        }
         let mut p = Vec::new();
+        self.write_payload(&mut p);
+        Cow::Owned(p)
+    }
+
+    /// About how many bytes [`Message::write_payload`] writes (exact for the messages of a
+    /// round), to size a frame once.
+    pub(crate) fn payload_len_hint(&self) -> usize {
         match self {
-            Message::Data(d) => return Cow::Borrowed(d),
+            Message::Data(d) => d.len(),
+            Message::Ack {
+                missing,
+                voted,
+                arrivals,
+            } => {
+                4 + 4 * missing.len()
+                    + 1
+                    + 4 * voted.len().min(MAX_VOTERS)
+                    + CAME_LEN * arrivals.len().min(MAX_ARRIVALS)
+            }
             Message::Done { voted, arrivals } => {
-                push_voters(&mut p, voted);
-                push_arrivals(&mut p, arrivals);
+                1 + 4 * voted.len().min(MAX_VOTERS) + CAME_LEN * arrivals.len().min(MAX_ARRIVALS)
+            }
+            Message::Fail { missing } => 4 * missing.len(),
+            _ => 64,
+        }
+    }
+
+    /// Appends the payload bytes to `p`.
+    pub(crate) fn write_payload(&self, p: &mut Vec<u8>) {
+        match self {
+            Message::Data(d) => p.extend_from_slice(d),
+            Message::Done { voted, arrivals } => {
+                push_voters(p, voted);
+                push_arrivals(p, arrivals);
             }
             Message::Knock { world, joiner } => {
                 p.extend_from_slice(&world.to_le_bytes());
@@ -145,11 +178,11 @@ impl Message<'_> {
             } => {
                 p.extend_from_slice(&world.to_le_bytes());
                 p.extend_from_slice(server);
-                push_str(&mut p, endpoint);
+                push_str(p, endpoint);
             }
             Message::Welcome { joiner, parent } => {
                 p.extend_from_slice(joiner);
-                push_str(&mut p, parent);
+                push_str(p, parent);
             }
             Message::Reject { joiner, reason } => {
                 p.extend_from_slice(joiner);
@@ -157,7 +190,7 @@ impl Message<'_> {
             }
             Message::JoinFail { joiner, missing } => {
                 p.extend_from_slice(joiner);
-                push_ranks(&mut p, missing);
+                push_ranks(p, missing);
             }
             Message::Ack {
                 missing,
@@ -165,13 +198,12 @@ impl Message<'_> {
                 arrivals,
             } => {
                 p.extend_from_slice(&u32::try_from(missing.len()).unwrap_or(0).to_le_bytes());
-                push_ranks(&mut p, missing);
-                push_voters(&mut p, voted);
-                push_arrivals(&mut p, arrivals);
+                push_ranks(p, missing);
+                push_voters(p, voted);
+                push_arrivals(p, arrivals);
             }
-            Message::Fail { missing } => push_ranks(&mut p, missing),
+            Message::Fail { missing } => push_ranks(p, missing),
         }
-        Cow::Owned(p)
     }
 
     /// The message with bytes of its own.
@@ -216,53 +248,54 @@ impl Message<'_> {
 impl Message<'static> {
     /// The message a frame of `kind` carries in `p`; `None` when the payload does not fit
     /// its kind (or the kind carries no message: the unsigned key hint).
-    pub(crate) fn decode(kind: Kind, p: Vec<u8>) -> Option<Message<'static>> {
+    pub(crate) fn decode(kind: Kind, p: &[u8]) -> Option<Message<'static>> {
         Some(match kind {
             Kind::Knock => {
                 (p.len() == 4 + NONCE).then_some(())?;
                 Message::Knock {
-                    world: u32_at(&p, 0)?,
-                    joiner: nonce_at(&p, 4)?,
+                    world: u32_at(p, 0)?,
+                    joiner: nonce_at(p, 4)?,
                 }
             }
             Kind::Challenge => {
                 (p.len() == 2 * NONCE).then_some(())?;
                 Message::Challenge {
-                    joiner: nonce_at(&p, 0)?,
-                    server: nonce_at(&p, NONCE)?,
+                    joiner: nonce_at(p, 0)?,
+                    server: nonce_at(p, NONCE)?,
                 }
             }
             Kind::Hello => {
-                let (endpoint, end) = read_str(&p, 4 + NONCE)?;
+                let (endpoint, end) = read_str(p, 4 + NONCE)?;
                 (end == p.len()).then_some(())?;
                 Message::Hello {
-                    world: u32_at(&p, 0)?,
-                    server: nonce_at(&p, 4)?,
+                    world: u32_at(p, 0)?,
+                    server: nonce_at(p, 4)?,
                     endpoint: Cow::Owned(endpoint),
                 }
             }
             Kind::Welcome => {
-                let (parent, end) = read_str(&p, NONCE)?;
+                let (parent, end) = read_str(p, NONCE)?;
                 (end == p.len()).then_some(())?;
                 Message::Welcome {
-                    joiner: nonce_at(&p, 0)?,
+                    joiner: nonce_at(p, 0)?,
                     parent: Cow::Owned(parent),
                 }
             }
             Kind::Reject => Message::Reject {
-                joiner: nonce_at(&p, 0)?,
+                joiner: nonce_at(p, 0)?,
                 reason: Cow::Owned(String::from_utf8_lossy(p.get(NONCE..)?).into_owned()),
             },
             Kind::JoinFail => Message::JoinFail {
-                joiner: nonce_at(&p, 0)?,
+                joiner: nonce_at(p, 0)?,
                 missing: read_ranks(p.get(NONCE..)?)?,
             },
-            Kind::Data => Message::Data(Cow::Owned(p)),
+            // Only the data is kept as bytes: other kinds are read into their fields.
+            Kind::Data => Message::Data(Cow::Owned(p.to_vec())),
             Kind::Ack => {
-                let count = usize::try_from(u32_at(&p, 0)?).ok()?;
+                let count = usize::try_from(u32_at(p, 0)?).ok()?;
                 let end = count.checked_mul(4)?.checked_add(4)?;
                 let missing = read_ranks(p.get(4..end)?)?;
-                let (voted, end) = read_voters(&p, end)?;
+                let (voted, end) = read_voters(p, end)?;
                 let arrivals = read_arrivals(p.get(end..)?)?;
                 Message::Ack {
                     missing,
@@ -271,14 +304,14 @@ impl Message<'static> {
                 }
             }
             Kind::Done => {
-                let (voted, end) = read_voters(&p, 0)?;
+                let (voted, end) = read_voters(p, 0)?;
                 Message::Done {
                     voted,
                     arrivals: read_arrivals(p.get(end..)?)?,
                 }
             }
             Kind::Fail => Message::Fail {
-                missing: read_ranks(&p)?,
+                missing: read_ranks(p)?,
             },
             Kind::KeyMismatch => return None,
         })
@@ -408,7 +441,7 @@ mod tests {
     use super::*;
 
     fn round_trip(m: Message<'_>) -> Option<Message<'static>> {
-        Message::decode(m.kind(), m.payload().into_owned())
+        Message::decode(m.kind(), &m.payload())
     }
 
     #[test]
@@ -574,7 +607,7 @@ mod tests {
             ("the key hint carries no message", Kind::KeyMismatch, vec![]),
         ];
         for (why, kind, p) in rows {
-            assert_eq!(Message::decode(kind, p), None, "{why}");
+            assert_eq!(Message::decode(kind, &p), None, "{why}");
         }
     }
 }

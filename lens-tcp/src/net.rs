@@ -41,14 +41,14 @@ pub(crate) enum Side {
 pub(crate) struct ConnId {
     pub side: Side,
     /// The listening socket's name for the connection (empty for outbound ones).
-    id: Vec<u8>,
+    id: RoutingId,
 }
 
 impl ConnId {
     pub(crate) fn outbound(side: Side) -> ConnId {
         ConnId {
             side,
-            id: Vec::new(),
+            id: RoutingId::EMPTY,
         }
     }
 }
@@ -103,7 +103,7 @@ pub(crate) enum SendFail {
 struct Outbound {
     sock: zmq::Socket,
     /// libzmq's name for the connection, learned from its first message.
-    rid: Option<Vec<u8>>,
+    rid: Option<RoutingId>,
 }
 
 pub(crate) struct Net {
@@ -142,6 +142,24 @@ fn send_now(sock: &zmq::Socket, id: &[u8], bytes: &[u8]) -> zmq::Result<()> {
     part(sock, id, zmq::DONTWAIT | zmq::SNDMORE)?;
     // The queue had room for the id, so the data part goes too (libzmq checks once).
     part(sock, bytes, zmq::DONTWAIT)
+}
+
+/// Waits up to `ms` for a message on any of `socks`; the items are made on the stack, as
+/// this runs on every wait of every round.
+fn poll_sockets(socks: [Option<&zmq::Socket>; 3], ms: i64) -> zmq::Result<i32> {
+    fn item(s: &zmq::Socket) -> zmq::PollItem<'_> {
+        s.as_poll_item(zmq::POLLIN)
+    }
+    match socks {
+        [Some(a), Some(b), Some(c)] => zmq::poll(&mut [item(a), item(b), item(c)], ms),
+        [Some(a), Some(b), None] | [Some(a), None, Some(b)] | [None, Some(a), Some(b)] => {
+            zmq::poll(&mut [item(a), item(b)], ms)
+        }
+        [Some(a), None, None] | [None, Some(a), None] | [None, None, Some(a)] => {
+            zmq::poll(&mut [item(a)], ms)
+        }
+        [None, None, None] => zmq::poll(&mut [], ms),
+    }
 }
 
 /// `tcp://` endpoint for an address (IPv6 in brackets).
@@ -293,7 +311,7 @@ impl Net {
     ) -> std::result::Result<(), SendFail> {
         let result = match conn.side {
             Side::Listen => match &self.listen {
-                Some(s) if self.conns.contains_key(conn) => send_now(s, &conn.id, bytes),
+                Some(s) if self.conns.contains_key(conn) => send_now(s, conn.id.as_bytes(), bytes),
                 _ => return Err(SendFail::Gone),
             },
             Side::Hub | Side::Parent => {
@@ -306,7 +324,7 @@ impl Net {
                     Some(Outbound {
                         sock,
                         rid: Some(rid),
-                    }) => send_now(sock, rid, bytes),
+                    }) => send_now(sock, rid.as_bytes(), bytes),
                     _ => return Err(SendFail::Gone),
                 }
             }
@@ -336,7 +354,7 @@ impl Net {
             Side::Listen => {
                 if let Some(s) = &self.listen {
                     // An empty message closes a STREAM connection.
-                    let _ = send_now(s, &conn.id, &[]);
+                    let _ = send_now(s, conn.id.as_bytes(), &[]);
                 }
                 if self.conns.remove(conn).is_some() {
                     self.events.push_back(Event::Closed(conn.clone()));
@@ -394,11 +412,8 @@ impl Net {
             // Nothing queued: sleep in poll until something arrives or a deadline passes.
             let wait = deadline.min(next_expiry).saturating_duration_since(now);
             let ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
-            let mut items: Vec<zmq::PollItem<'_>> = SIDES
-                .iter()
-                .filter_map(|s| self.sock(*s).map(|k| k.as_poll_item(zmq::POLLIN)))
-                .collect();
-            match zmq::poll(&mut items, ms) {
+            let polled = poll_sockets(SIDES.map(|s| self.sock(s)), ms);
+            match polled {
                 // A signal: go round again (training jobs install signal handlers).
                 Ok(_) | Err(zmq::Error::EINTR) => {}
                 Err(e) => return Err(socket_err("poll")(e)),
@@ -443,7 +458,7 @@ impl Net {
         let conn = match side {
             Side::Listen => ConnId {
                 side,
-                id: id.to_vec(),
+                id: RoutingId::new(&id),
             },
             Side::Hub | Side::Parent => {
                 let out = if side == Side::Hub {
@@ -451,8 +466,11 @@ impl Net {
                 } else {
                     &mut self.parent
                 };
-                if let Some(o) = out {
-                    o.rid = Some(id.to_vec());
+                // The same id on every message until a reconnection: kept, not copied again.
+                if let Some(o) = out
+                    && o.rid.as_ref().is_none_or(|r| r.as_bytes() != &id[..])
+                {
+                    o.rid = Some(RoutingId::new(&id));
                 }
                 ConnId::outbound(side)
             }
@@ -499,16 +517,29 @@ impl Net {
         let Some(c) = self.conns.get_mut(&conn) else {
             return; // a connection closed here a moment ago
         };
+        // Whether the peer proved the key changes only as the events are handled, after
+        // this chunk.
         let proven = c.verified.is_some();
         let limit = if proven {
             self.limits.max_frame
         } else {
             JOIN_FRAME_MAX
         };
-        let frames = match c.stream.push(chunk, limit) {
-            Ok(f) => f,
+        // Out of the map while its frames are used in place (they may close the
+        // connection); put back after if it holds a partial frame and the connection is
+        // still open (an empty one is what `take` left).
+        let mut stream = std::mem::take(&mut c.stream);
+        let pushed = stream.push(chunk, limit, |bytes| self.frame(&conn, proven, bytes));
+        match pushed {
+            Ok(()) => {
+                if !stream.is_empty()
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    c.stream = stream;
+                }
+            }
             Err(big) => {
-                let addr = c.addr.clone();
+                let addr = self.addr(&conn);
                 tracing::warn!(len = big.len, limit = big.limit, addr = ?addr, "a peer announced a frame over the limit");
                 self.events.push_back(Event::Rejected {
                     conn: conn.clone(),
@@ -516,54 +547,59 @@ impl Net {
                     addr,
                 });
                 self.close(&conn);
-                return;
-            }
-        };
-        for bytes in frames {
-            let Some(c) = self.conns.get_mut(&conn) else {
-                return;
-            };
-            let proven = c.verified.is_some();
-            if conn.side == Side::Listen && !proven {
-                c.frames += 1;
-                if c.frames > self.limits.unproven_frames {
-                    tracing::debug!("closed an unproven connection that sent too many frames");
-                    self.close(&conn);
-                    return;
-                }
-            }
-            let allowed = |k: Kind| match conn.side {
-                // Only join frames until the connection proves the key: a rank that
-                // reconnected knocks again by itself.
-                // Data and acks on a connection that has not proven the key yet: a rank that
-                // reconnected may send them right behind its HELLO, which is decoded in the
-                // same pass; the group drops them unless the HELLO admitted the connection.
-                Side::Listen => matches!(k, Kind::Knock | Kind::Hello | Kind::Data | Kind::Ack),
-                Side::Hub | Side::Parent if !proven => {
-                    matches!(k, Kind::Challenge | Kind::Reject | Kind::JoinFail)
-                }
-                Side::Hub | Side::Parent => !matches!(k, Kind::Knock | Kind::Hello | Kind::Ack),
-            };
-            match self.codec.decode(&bytes, allowed) {
-                Ok(f) => self.events.push_back(Event::Frame(conn.clone(), f)),
-                Err(Reject::NotAllowed(Kind::KeyMismatch)) if conn.side != Side::Listen => {
-                    self.events.push_back(Event::KeyHint);
-                }
-                Err(why) => {
-                    let addr = self.addr(&conn);
-                    self.events.push_back(Event::Rejected {
-                        conn: conn.clone(),
-                        why,
-                        addr,
-                    });
-                }
             }
         }
+    }
+
+    /// One whole frame from `conn` (`proven`: it proved the key); whether the connection
+    /// is still open for the next.
+    fn frame(&mut self, conn: &ConnId, proven: bool, bytes: &[u8]) -> bool {
+        if conn.side == Side::Listen && !proven {
+            let Some(c) = self.conns.get_mut(conn) else {
+                return false;
+            };
+            c.frames += 1;
+            if c.frames > self.limits.unproven_frames {
+                tracing::debug!("closed an unproven connection that sent too many frames");
+                self.close(conn);
+                return false;
+            }
+        }
+        let allowed = |k: Kind| match conn.side {
+            // Only join frames until the connection proves the key: a rank that
+            // reconnected knocks again by itself.
+            // Data and acks on a connection that has not proven the key yet: a rank that
+            // reconnected may send them right behind its HELLO, which is decoded in the
+            // same pass; the group drops them unless the HELLO admitted the connection.
+            Side::Listen => matches!(k, Kind::Knock | Kind::Hello | Kind::Data | Kind::Ack),
+            Side::Hub | Side::Parent if !proven => {
+                matches!(k, Kind::Challenge | Kind::Reject | Kind::JoinFail)
+            }
+            Side::Hub | Side::Parent => !matches!(k, Kind::Knock | Kind::Hello | Kind::Ack),
+        };
+        match self.codec.decode(bytes, allowed) {
+            Ok(f) => self.events.push_back(Event::Frame(conn.clone(), f)),
+            Err(Reject::NotAllowed(Kind::KeyMismatch)) if conn.side != Side::Listen => {
+                self.events.push_back(Event::KeyHint);
+            }
+            Err(why) => {
+                let addr = self.addr(conn);
+                self.events.push_back(Event::Rejected {
+                    conn: conn.clone(),
+                    why,
+                    addr,
+                });
+            }
+        }
+        true
     }
 }
 
 mod limits;
+mod routing_id;
 mod watch;
+
+use routing_id::RoutingId;
 
 pub(crate) use limits::Limits;
 

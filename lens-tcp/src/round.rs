@@ -185,7 +185,7 @@ impl RankState {
     /// The round's result once it is over on this rank.
     fn conclude(&mut self, mut m: RoundMachine, root: usize) -> Result<Vec<u8>> {
         let round = self.round;
-        self.last_answers = m.answers().to_vec();
+        self.last_answers = m.take_answers();
         self.arrivals = m.take_arrivals();
         self.voted = m.take_voted();
         self.received_at = m.received_at();
@@ -282,7 +282,7 @@ impl RankState {
 
     /// A frame that arrived during a round: the machine's if it is of this round and the
     /// machine takes it, else kept for later (or answered, or dropped).
-    fn feed(&mut self, m: &mut RoundMachine, root: usize, conn: ConnId, f: Frame) {
+    fn feed(&mut self, m: &mut RoundMachine, root: usize, conn: ConnId, mut f: Frame) {
         if f.round == self.round
             && !matches!(f.kind(), Kind::Welcome | Kind::Reject | Kind::JoinFail)
         {
@@ -290,7 +290,7 @@ impl RankState {
                 from: from_of(&conn, f.sender),
                 sender: f.sender as usize,
                 root: f.root as usize,
-                msg: &f.msg,
+                msg: &mut f.msg,
             };
             let used = m.on_frame(&mut self.links(root), heard, Instant::now());
             if used {

@@ -15,6 +15,16 @@ fn strip(bytes: &[u8]) -> &[u8] {
     &bytes[PREFIX..]
 }
 
+/// Every frame `push` hands out for `chunk`, copied.
+fn push_all(r: &mut Reassembler, chunk: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, TooLarge> {
+    let mut got = Vec::new();
+    r.push(chunk, limit, |f| {
+        got.push(f.to_vec());
+        true
+    })?;
+    Ok(got)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
@@ -51,7 +61,7 @@ proptest! {
         let (mut at, mut i) = (0, 0);
         while at < stream.len() {
             let end = (at + cut[i % cut.len()]).min(stream.len());
-            got.extend(r.push(&stream[at..end], 1 << 20).expect("within the limit"));
+            got.extend(push_all(&mut r, &stream[at..end], 1 << 20).expect("within the limit"));
             at = end;
             i += 1;
         }
@@ -166,9 +176,7 @@ fn frame_table() {
 #[test]
 fn reassembler_refuses_an_oversized_length_before_keeping_it() {
     let mut r = Reassembler::default();
-    let err = r
-        .push(&(1u32 << 30).to_le_bytes(), 1000)
-        .expect_err("too large");
+    let err = push_all(&mut r, &(1u32 << 30).to_le_bytes(), 1000).expect_err("too large");
     assert_eq!(
         err,
         TooLarge {
@@ -177,4 +185,36 @@ fn reassembler_refuses_an_oversized_length_before_keeping_it() {
         }
     );
     assert_eq!(r.held(), 0);
+}
+
+#[test]
+fn a_chunk_with_an_oversized_length_gives_no_frame_even_before_it() {
+    let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
+    let mut chunk = codec.encode(&data(b"whole"), 1, 2, 3, 0);
+    chunk.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    let mut r = Reassembler::default();
+    let mut used = 0;
+    let err = r.push(&chunk, 1000, |_| {
+        used += 1;
+        true
+    });
+    assert!(err.is_err(), "the length over the limit is refused");
+    assert_eq!(used, 0, "no frame of the chunk is used");
+    assert_eq!(r.held(), 0);
+}
+
+#[test]
+fn frames_stop_being_handed_out_once_the_stream_is_given_up() {
+    let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
+    let chunk = [b"one".as_slice(), b"two", b"three"]
+        .map(|p| codec.encode(&data(p), 1, 2, 3, 0))
+        .concat();
+    let mut r = Reassembler::default();
+    let mut seen = 0;
+    r.push(&chunk, 1000, |_| {
+        seen += 1;
+        seen < 2
+    })
+    .expect("within the limit");
+    assert_eq!(seen, 2, "the second frame said stop");
 }

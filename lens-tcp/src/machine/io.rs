@@ -57,13 +57,15 @@ pub(crate) struct Plan {
 
 /// A frame of this round as the machine hears it: already authenticated and of this
 /// session, its sender the rank that proved the key on the connection it came in on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct Heard<'a> {
     pub from: From,
     pub sender: usize,
     /// The root the frame names.
     pub root: usize,
-    pub msg: &'a Message<'a>,
+    /// Mutable so that the machine can take a DATA message's bytes rather than copy them;
+    /// a frame the machine used is not looked at again.
+    pub msg: &'a mut Message<'static>,
 }
 
 /// How a round ended on this rank.

@@ -253,7 +253,7 @@ impl Sim {
 
     /// Hands `msg` to rank `to`, which hears it on `from`; as the socket layer does, a rank
     /// whose round is over answers a repeat of what it answered.
-    fn hand(&mut self, to: usize, from: From, msg: Msg) {
+    fn hand(&mut self, to: usize, from: From, mut msg: Msg) {
         if self.dead[to] {
             return;
         }
@@ -266,7 +266,7 @@ impl Sim {
                 from,
                 sender: msg.sender,
                 root: msg.root,
-                msg: &msg.msg,
+                msg: &mut msg.msg,
             };
             m.on_frame(&mut links, heard, now);
         } else if matches!(msg.msg, Message::Data(_)) {
