@@ -5,6 +5,7 @@ use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 
 use super::*;
+use crate::frame::JOIN_FRAME_MAX;
 use crate::frame::PREFIX;
 use std::time::Duration;
 

@@ -1,0 +1,127 @@
+//! The acknowledging half of a round: a rank whose children have all answered reports up
+//! (or, on rank 0, gives the verdict), and says it again when asked.
+
+use std::time::Instant;
+
+use super::arrivals::few_arrivals;
+use super::{Answer, Links, Message, Outcome, RoundMachine, Step, To};
+use crate::message::Came;
+
+impl RoundMachine {
+    /// Once no child is owed an ack: report up, or (rank 0) the verdict.
+    pub(super) fn acks_done(&mut self, links: &mut impl Links, now: Instant) {
+        if !self.waiting.is_empty() || !self.unreached.is_empty() {
+            return;
+        }
+        self.missing.sort_unstable();
+        self.missing.dedup();
+        if self.me == 0 {
+            self.verdict(links);
+            return;
+        }
+        let ack = Message::Ack {
+            missing: self.missing.clone(),
+            voted: self.few_voters(),
+            arrivals: few_arrivals(
+                std::mem::take(&mut self.arrivals)
+                    .into_iter()
+                    .map(|a| a.before(now))
+                    .collect(),
+            ),
+        };
+        self.answers.push(Answer {
+            round: self.round,
+            root: self.root,
+            asker: None,
+            to: To::Up,
+            msg: ack,
+        });
+        // The parent sends the data again once this rank proves the key on a new
+        // connection, and hears the ack then.
+        self.ack_again(links);
+        if self.towards_root().is_some() || self.me == self.root {
+            self.step = Step::Verdict;
+        } else {
+            let data = std::mem::take(&mut self.data);
+            self.end(Outcome::Delivered(data));
+        }
+    }
+
+    pub(super) fn ack_again(&mut self, links: &mut impl Links) {
+        if let Some(a) = self.answers.iter().find(|a| a.asker.is_none()) {
+            if !links.send(a.to, &a.msg) {
+                tracing::debug!("the ack waits for a reconnection");
+            }
+        }
+    }
+
+    /// Rank 0: the round's outcome, told to the root (when another rank) and to the ranks
+    /// it could not reach.
+    pub(super) fn verdict(&mut self, links: &mut impl Links) {
+        let root = self.root;
+        let missing = std::mem::take(&mut self.missing);
+        let verdict = if missing.is_empty() {
+            // The root, when another rank, hears how the ranks came (in ns after rank 0).
+            let arrivals = if root == 0 {
+                Vec::new()
+            } else {
+                let after = self.arrivals_after_start();
+                // `few_arrivals` keeps the latest of values counted backwards.
+                let negated = |c: Came| Came { ns: -c.ns, ..c };
+                few_arrivals(after.into_iter().map(negated).collect())
+                    .into_iter()
+                    .map(negated)
+                    .collect()
+            };
+            let voted = if root == 0 {
+                Vec::new()
+            } else {
+                self.few_voters()
+            };
+            Message::Done { voted, arrivals }
+        } else {
+            Message::Fail {
+                missing: missing.clone(),
+            }
+        };
+        if let Some(c) = self.towards_root() {
+            // The child on the path to the root relays it; its repeat of the root's data
+            // asks for it again.
+            if !links.send(To::Rank(c), &verdict) {
+                // The root hears it when it proves the key again and sends its data again.
+                tracing::warn!(
+                    rank = root,
+                    "cannot tell the root how its round ended (yet)"
+                );
+            }
+            self.answers.push(Answer {
+                round: self.round,
+                root,
+                asker: Some(c),
+                to: To::Rank(c),
+                msg: verdict.clone(),
+            });
+        }
+        if missing.is_empty() {
+            let data = std::mem::take(&mut self.data);
+            self.end(Outcome::Delivered(data));
+            return;
+        }
+        for &r in &missing {
+            if r != 0 && r != root {
+                links.send(To::Rank(r), &verdict);
+            }
+        }
+        // Every other child hears it too (and passes it down), though its part of the round
+        // is over: a rank that later waits for rank 0 in vain then names the ranks rank 0
+        // waited for, the root cause, rather than rank 0.
+        let told = self.towards_root();
+        let tree = self.tree;
+        for c in tree.children(self.me) {
+            if Some(c) != told && !missing.contains(&c) {
+                links.send(To::Rank(c), &verdict);
+            }
+        }
+        self.end(Outcome::Missing(missing));
+    }
+}
