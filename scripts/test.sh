@@ -55,11 +55,11 @@ timeout 300 cargo test -q --workspace --all-features --test clock -- --ignored -
 step "a real clock 2.5 s ahead (faketime): the demo exports a rank's spans on rank 0's clock over OTLP (TCP star and tree)"
 timeout 300 cargo test -q -p lens --features tcp --test cli_clock -- --ignored --exact a_rank_2_5_s_ahead_is_exported_on_rank_0s_clock
 
-step "simulated hosts (network namespaces, as root): the switch does what its links say"
+step "simulated hosts (network namespaces, as root): the switch does what its links say, a relay reaches this machine"
 timeout 300 cargo test -q -p lens-testkit --all-features --test hosts -- --ignored --test-threads=1
 step "lens-tcp across simulated hosts: clock offsets over asymmetric and jittery paths, a straggler behind a slow link, a host cut off, resets"
 timeout 300 cargo test -q -p lens-tcp --all-features --test hosts -- --ignored --skip hosts_child --test-threads=1
-step "the lens program on simulated hosts: bench and demo across hosts, a short soak (knocks, resets, plot)"
+step "the lens program on simulated hosts: bench and demo across hosts, export from the hosts through a relay, a short soak (knocks, resets, plot)"
 timeout 400 cargo test -q -p lens --all-features --test cli_hosts -- --ignored --test-threads=1
 
 step "MPI program tests under mpirun"

@@ -292,6 +292,56 @@ fn loss_drops_that_share_of_packets() {
 
 #[test]
 #[ignore = "needs root, /dev/net/tun and ip: scripts/test.sh runs it with --ignored"]
+fn a_relay_on_a_host_reaches_this_machine_and_is_shut_when_dropped() {
+    let net = Network::builder().hosts(2).build().expect("network");
+    // An echo server on this machine's loopback, which no host can reach by itself.
+    let outside = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let relay = net.hosts()[0]
+        .relay_to(outside.local_addr().expect("addr"))
+        .expect("relay");
+    assert_eq!(*relay.addr().ip(), net.hosts()[0].addr());
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let mut c = accept(&outside);
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).expect("read");
+            c.write_all(&b).expect("echo");
+            // Then waits for the relay to end the connection (the read times out in 10 s).
+            let mut rest = Vec::new();
+            let waited = Instant::now();
+            let ended = c.read_to_end(&mut rest);
+            assert!(
+                ended.is_ok() && waited.elapsed() < Duration::from_secs(5),
+                "the dropped relay did not end the connection: {ended:?}"
+            );
+        });
+        let (net, addr) = (&net, relay.addr());
+        s.spawn(move || {
+            // From host 1, across the switch, to the relay on host 0.
+            net.hosts()[1].enter().expect("enter host 1");
+            let mut c = TcpStream::connect_timeout(&SocketAddr::V4(addr), 10 * 1000 * MS)
+                .expect("connect to the relay");
+            c.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            c.write_all(b"hello").expect("write");
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).expect("the echo through the relay");
+            assert_eq!(&b, b"hello");
+        })
+        .join()
+        .expect("client");
+        drop(relay);
+        server.join().expect("server");
+    });
+    assert!(
+        net.stats().forwarded > 0,
+        "the connection crossed the switch: {:?}",
+        net.stats()
+    );
+}
+
+#[test]
+#[ignore = "needs root, /dev/net/tun and ip: scripts/test.sh runs it with --ignored"]
 fn dropping_the_network_deletes_its_hosts() {
     let net = Network::builder().hosts(3).build().expect("network");
     let names: Vec<String> = net.hosts().iter().map(|h| h.name().to_owned()).collect();

@@ -41,6 +41,7 @@
 
 mod link;
 mod packet;
+mod relay;
 mod switch;
 mod sys;
 
@@ -55,6 +56,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use link::Link;
+pub use relay::Relay;
 use switch::{Port, Shared, Switch};
 
 /// The start of every namespace name a network makes: `lensnet-<pid>-<n>-<host>`.

@@ -285,7 +285,8 @@ pub(crate) struct HostsArgs {
     /// Run the rank processes on this many simulated hosts (TCP): a network namespace
     /// each with an address of its own, ranks placed in blocks (hosts 0..H get ranks
     /// 0..N/H, ...). Needs root, /dev/net/tun and `ip`. Traffic between hosts crosses the
-    /// test kit's switch, with --link's delays.
+    /// test kit's switch, with --link's delays. With --otlp http://HOST:PORT the ranks
+    /// export through a relay on host 0 to that endpoint on this machine.
     #[arg(long, value_name = "H", value_parser = clap::value_parser!(u32).range(1..=250))]
     pub(crate) hosts: Option<u32>,
     /// Every host's link to the switch (with --hosts): `rtt=1ms` (the round trip between

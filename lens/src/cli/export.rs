@@ -40,6 +40,50 @@ impl OtlpChoice {
         }))
     }
 
+    /// For ranks on simulated hosts, which reach only the simulated network: the same
+    /// choice with its endpoint's address replaced by a relay's on host 0 of `net`, which
+    /// forwards to the endpoint on this machine (kept alive by the returned relay).
+    /// Only plain `http://` endpoints that name their port: a certificate would not name
+    /// the relay's address.
+    #[cfg(feature = "tcp")]
+    pub(crate) fn through_relay(
+        &self,
+        net: &lens::testkit::hosts::Network,
+    ) -> Result<(OtlpChoice, lens::testkit::hosts::Relay), String> {
+        let Some(endpoint) = &self.endpoint else {
+            return Err(
+                "--otlp with --hosts needs the endpoint on the command line (--otlp http://HOST:PORT)"
+                    .into(),
+            );
+        };
+        let (authority, path) = endpoint
+            .strip_prefix("http://")
+            .map(|rest| rest.split_at(rest.find('/').unwrap_or(rest.len())))
+            .ok_or_else(|| {
+                format!("--otlp {endpoint:?} with --hosts: only http://HOST:PORT endpoints pass the hosts' relay")
+            })?;
+        let to = std::net::ToSocketAddrs::to_socket_addrs(authority)
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                format!(
+                    "--otlp {endpoint:?}: {authority:?} is not a HOST:PORT this machine resolves"
+                )
+            })?;
+        let host0 = net
+            .hosts()
+            .first()
+            .ok_or_else(|| "the simulated network has no host".to_string())?;
+        let relay = host0
+            .relay_to(to)
+            .map_err(|e| format!("cannot start the hosts' relay to {to}: {e}"))?;
+        let choice = OtlpChoice {
+            endpoint: Some(format!("http://{}{path}", relay.addr())),
+            protocol: self.protocol,
+        };
+        Ok((choice, relay))
+    }
+
     /// The same choice on a rank process's command line.
     #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     pub(crate) fn forward(&self, c: &mut Command) {

@@ -8,6 +8,19 @@ use lens::testkit::otlp::{ReceivedSpan, Receiver, Via};
 /// Checks the demo's spans as the receiver decoded them: every rank's resource, one trace per
 /// step across ranks (`--parent remote`), each stage span linked to rank 0's step span.
 pub(crate) fn check_demo_spans(receiver: &Receiver, ranks: usize, steps: usize, via: Via) {
+    check_demo_spans_on_hosts(receiver, ranks, steps, via, ranks);
+}
+
+/// [`check_demo_spans`] for ranks in blocks of `per_host` on hosts of their own: a rank's
+/// local rank is its index among its host's ranks.
+#[allow(dead_code)] // not every test binary has hosts
+pub(crate) fn check_demo_spans_on_hosts(
+    receiver: &Receiver,
+    ranks: usize,
+    steps: usize,
+    via: Via,
+    per_host: usize,
+) {
     let spans = receiver.wait_for(ranks * steps, Duration::from_secs(10));
     assert_eq!(
         spans.len(),
@@ -30,16 +43,16 @@ pub(crate) fn check_demo_spans(receiver: &Receiver, ranks: usize, steps: usize, 
         let r = s.rank().expect("rank");
         assert_eq!(s.resource_int("nv.dl.world_size"), Some(ranks as i64));
         assert_eq!(s.resource_str("service.name").as_deref(), Some("lens-demo"));
-        // One host: the local rank is the rank (the in-process backend's, or the
+        // The rank's index among its host's ranks (the in-process backend's rank, or the
         // launcher's LOCAL_RANK).
         assert_eq!(
             s.resource_int("nv.dl.local_rank"),
-            Some(r as i64),
-            "local rank"
+            Some((r % per_host) as i64),
+            "rank {r}'s local rank"
         );
         assert!(s.resource_str("run.uuid").is_some(), "run.uuid");
-        // Every rank's clock against rank 0's: on one host, zero within its error bound
-        // (the in-process ranks share one clock: 0 ± 0).
+        // Every rank's clock against rank 0's: one machine's clock, so zero within its
+        // error bound (the in-process ranks share one clock: 0 ± 0).
         let offset = s.resource_int("lens.clock.offset_ns").expect("offset_ns");
         let error = s.resource_int("lens.clock.error_ns").expect("error_ns");
         assert!(

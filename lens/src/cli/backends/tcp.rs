@@ -144,14 +144,17 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
     if args.hosts.hosts.is_some() && backend != "tcp" {
         return Err(format!("--hosts applies to --backend tcp, not {backend}"));
     }
-    if args.hosts.hosts.is_some() && args.otlp.is_some() {
-        // Their namespaces have no route out, by design.
-        return Err(
-            "--otlp with --hosts: the simulated hosts cannot reach a collector on this machine"
-                .into(),
-        );
-    }
     let place = Placement::new(&args.hosts, n)?;
+    let otlp = OtlpChoice::from_args(args)?;
+    // The hosts' namespaces have no route out, by design: ranks on them export through a
+    // relay on host 0 to the collector on this machine.
+    let (otlp, relay) = match (&otlp, place.network()) {
+        (Some(o), Some(net)) => {
+            let (o, relay) = o.through_relay(net)?;
+            (Some(o), Some(relay))
+        }
+        _ => (otlp, None),
+    };
     let addr = place.rendezvous();
     let key = KeyFile::new(&random_hex(32)?)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
@@ -176,7 +179,6 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
             .env_remove(lens::tcp::env::KEY);
         c
     };
-    let otlp = OtlpChoice::from_args(args)?;
     let command = |rank: usize| {
         let mut c = command(rank);
         if let Some(o) = &otlp {
@@ -190,7 +192,19 @@ pub(crate) fn spawn_job(backend: &str, args: &DemoArgs, timeout: Duration) -> Re
     // A bad --sample is refused here, not by every rank.
     super::super::rank::sample_rules(args)?;
     let deadline = Duration::from_secs(60) + timeout * (steps + 2);
-    launcher::run_ranks(n, command, deadline)
+    let mut job = launcher::run_ranks(n, command, deadline)?;
+    if let (Some(relay), Some(endpoint)) = (&relay, &args.otlp) {
+        // Said with the address the user gave: the relay's is the simulation's.
+        let rest = endpoint.trim_start_matches("http://");
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        let relayed = relay.addr().to_string();
+        for e in &mut job.exports {
+            if let Some(t) = &mut e.target {
+                *t = t.replacen(&relayed, authority, 1) + " through host 0's relay";
+            }
+        }
+    }
+    Ok(job)
 }
 
 /// lens's group of `n` ranks on loopback, formed on one thread per rank.
