@@ -92,10 +92,7 @@ fn demo_across_hosts_exports_every_rank_to_a_collector_on_this_machine() {
     // demo's relay on host 0; ranks 2 and 3 cross the switch to it.
     for (protocol, via) in [("grpc", Via::Grpc), ("http/protobuf", Via::Http)] {
         let receiver = Receiver::start().expect("receiver");
-        let endpoint = match via {
-            Via::Grpc => receiver.grpc_endpoint(),
-            Via::Http => receiver.http_endpoint(),
-        };
+        let endpoint = receiver.endpoint(via);
         let run = lens(
             &[
                 "demo",

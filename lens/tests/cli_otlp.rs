@@ -15,10 +15,7 @@ const DEADLINE: Duration = Duration::from_secs(90);
 fn local_demo_exports_every_rank_over_grpc_and_http() {
     for (protocol, via) in [("grpc", Via::Grpc), ("http/protobuf", Via::Http)] {
         let receiver = Receiver::start().expect("receiver");
-        let endpoint = match via {
-            Via::Grpc => receiver.grpc_endpoint(),
-            Via::Http => receiver.http_endpoint(),
-        };
+        let endpoint = receiver.endpoint(via);
         let run = lens(
             &[
                 "demo",
@@ -55,10 +52,7 @@ fn an_https_endpoint_exports_over_tls() {
     let ca_file = ca.ca_file().display().to_string();
     for (protocol, via) in [("grpc", Via::Grpc), ("http/protobuf", Via::Http)] {
         let receiver = Receiver::start_tls(&ca, false).expect("a TLS receiver");
-        let endpoint = match via {
-            Via::Grpc => receiver.grpc_endpoint(),
-            Via::Http => receiver.http_endpoint(),
-        };
+        let endpoint = receiver.endpoint(via);
         let run = lens(
             &[
                 "demo",

@@ -222,6 +222,15 @@ impl Receiver {
         format!("{}://{}", self.scheme, self.http.addr())
     }
 
+    /// The endpoint of the server that takes `via`: [`Receiver::grpc_endpoint`] or
+    /// [`Receiver::http_endpoint`].
+    pub fn endpoint(&self, via: Via) -> String {
+        match via {
+            Via::Grpc => self.grpc_endpoint(),
+            Via::Http => self.http_endpoint(),
+        }
+    }
+
     /// The gRPC address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc
