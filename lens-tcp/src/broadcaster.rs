@@ -129,7 +129,7 @@ impl TcpBroadcaster {
             hwm: QUEUE,
             backlog: listen_queue(max_unproven, joiners),
         };
-        let mut net = Net::new(codec, limits);
+        let mut net = Net::new(codec, limits)?;
         let addrs = resolve(&config.addr)?;
         let mut local_addr = None;
         let mut endpoint = String::new();

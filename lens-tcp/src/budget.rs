@@ -14,8 +14,8 @@ use crate::tree::Tree;
 pub(crate) const MAX_UNPROVEN: usize = 32;
 /// The fewest: below this a burst of strangers could keep an honest joiner out.
 pub(crate) const MIN_UNPROVEN: usize = 8;
-/// Descriptors a rank's ZeroMQ context and sockets use beside its connections (the I/O
-/// thread's poller and mailbox, the reaper, one mailbox per socket, the listener).
+/// Descriptors a rank uses beside its connections (its epoll instance and its keeper's,
+/// the keeper's wake-up pair, the listening sockets), with room to spare.
 pub(crate) const SOCKET_OVERHEAD: usize = 16;
 /// Of the descriptors left over, strangers may hold at most one part in this many; the
 /// rest stays free for the application.
@@ -40,15 +40,21 @@ impl Descriptors {
     }
 }
 
-/// The longest listening queue, however many ranks join at once.
-pub(crate) const MAX_BACKLOG: usize = 128;
+/// The shortest listening queue, and the longest (the kernel also caps it at
+/// `net.core.somaxconn`).
+pub(crate) const MIN_BACKLOG: usize = 1024;
+pub(crate) const MAX_BACKLOG: usize = 65_535;
 
 /// The listening queue of a rank with cap `cap` on unproven connections that expects
-/// `joiners` ranks to join at once: as short as the cap (libzmq accepts the whole queue in
-/// a burst before lens can close anything), but no shorter than the joiners up to
-/// [`MAX_BACKLOG`] (a joiner that finds it full waits a second for its SYN to be retried).
+/// `joiners` ranks to join at once: room for all of them and the strangers it holds, and
+/// at least [`MIN_BACKLOG`]. A queued connection holds no descriptor of the process (lens
+/// accepts one at a time and closes the oldest unproven one past the cap as it goes), and a
+/// connection that finds the queue full waits a second or more for its SYN to be retried:
+/// a long queue lets honest joiners in past a burst of strangers, also before anything
+/// serves the port (between [`TcpBroadcaster::start`](crate::TcpBroadcaster::start) and
+/// [`Rendezvous::finish`](crate::Rendezvous::finish)).
 pub(crate) fn listen_queue(cap: usize, joiners: usize) -> usize {
-    cap.max(joiners.min(MAX_BACKLOG))
+    cap.saturating_add(joiners).clamp(MIN_BACKLOG, MAX_BACKLOG)
 }
 
 /// The soft limit from the text of `/proc/self/limits` (`unlimited` reads as `usize::MAX`).
@@ -164,14 +170,29 @@ mod tests {
     }
 
     #[test]
-    fn the_listening_queue_is_the_cap_unless_more_ranks_join_at_once() {
+    fn the_listening_queue_holds_every_joiner_and_the_strangers() {
         // (why, cap, joiners, queue)
         let rows = [
-            ("a pair: the cap", 32, 1, 32),
-            ("a tree rank with four children: the cap", 32, 4, 32),
-            ("a star of 100: its joiners", 32, 99, 99),
-            ("a star of 1,000: no longer than 128", 32, 999, MAX_BACKLOG),
-            ("a small cap under a low limit", 8, 2, 8),
+            ("a pair: the shortest queue", 32, 1, MIN_BACKLOG),
+            (
+                "a star of 100: the shortest queue holds them all",
+                32,
+                99,
+                MIN_BACKLOG,
+            ),
+            ("a star of 1,000: every joiner and the cap", 32, 999, 1_031),
+            (
+                "a star of 10,000: every joiner and the cap",
+                32,
+                9_999,
+                10_031,
+            ),
+            (
+                "a star of 100,000: no longer than the longest",
+                32,
+                99_999,
+                MAX_BACKLOG,
+            ),
         ];
         for (why, cap, joiners, want) in rows {
             assert_eq!(listen_queue(cap, joiners), want, "{why}");

@@ -1,7 +1,7 @@
 //! A cheap hasher for the maps keyed by connection names and ranks.
 //!
-//! Those keys are chosen by this process, never by a peer: libzmq names each accepted
-//! connection itself (a counter), and ranks are bounded by the world size. So nothing a
+//! Those keys are chosen by this process, never by a peer: each accepted connection is
+//! named by a counter, and ranks are bounded by the world size. So nothing a
 //! stranger sends can pick colliding keys, and the default hasher's defence against that
 //! (SipHash with a random key) is not needed; it cost about a sixth of a round's
 //! instructions on a rank (several lookups per frame).
@@ -78,14 +78,9 @@ mod tests {
 
     #[test]
     fn connection_names_and_ranks_spread_over_buckets() {
-        // libzmq's names: a zero byte and a counter (from a random start), 5 bytes.
-        let names: Vec<Vec<u8>> = (0..4096u32)
-            .map(|i| {
-                let mut v = vec![0u8];
-                v.extend_from_slice(&(0x6b8b_4567u32.wrapping_add(i)).to_be_bytes());
-                v
-            })
-            .collect();
+        // Accepted connections' names: the side, then a counter from 2^20, as `ConnId`
+        // hashes them.
+        let names: Vec<(u8, usize)> = (0..4096usize).map(|i| (0u8, (1 << 20) + i)).collect();
         for (what, hashes) in [
             ("names", names.iter().map(hash).collect::<Vec<_>>()),
             ("ranks", (0..4096usize).map(|r| hash(&r)).collect()),

@@ -1,10 +1,10 @@
-//! ZeroMQ-over-TCP backend for **lens**.
+//! TCP backend for **lens**.
 //!
 //! [`TcpBroadcaster`] joins a group of N ranks that may live in different processes on
 //! different hosts. Rank 0 binds the rendezvous address (torchrun's `MASTER_ADDR` and
 //! `MASTER_PORT`, or `LENS_TCP_ADDR`); every rank may be the root of any round.
 //! Joins are a mutual challenge-response over a pre-shared job key, frames are
-//! authenticated (HMAC-SHA256; the bundled libzmq has no CURVE, so nothing is encrypted),
+//! authenticated (HMAC-SHA256; nothing is encrypted),
 //! numbered by round, and acknowledged, so a missing rank becomes
 //! [`lens_core::Error::Timeout`] naming it and a stranger's bytes never become a payload.
 //! The threat model (what a stranger, the network and a buggy insider can and cannot do,
@@ -14,8 +14,9 @@
 //! source is a [`TcpError`] (which kind of call, and the system's answer).
 //!
 //! Each rank has a thread of its own (`lens-tcp-keeper-<rank>`) that serves its connections
-//! while no round runs, so the limits on strangers hold between rounds too. Unix only (it
-//! sleeps in `poll(2)` on descriptors).
+//! while no round runs, so the limits on strangers hold between rounds too. A round runs on
+//! the calling thread, which reads and writes the rank's sockets itself (non-blocking, in
+//! epoll): one hop of a round wakes one thread. Unix only.
 //!
 //! ```no_run
 //! use std::time::Duration;

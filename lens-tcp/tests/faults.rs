@@ -268,7 +268,7 @@ fn strangers_cannot_disturb_the_group() {
                 fake.extend_from_slice(&[4; 29]);
                 fake.extend_from_slice(&[0x55; 32]);
                 d.send(fake, 0).expect("send");
-                // Oversized: libzmq drops the connection of a peer that sends this.
+                // Oversized: lens drops the connection of a peer that announces this.
                 d.send(vec![0u8; 2 << 20], 0).expect("send");
                 // Raw TCP that is not even ZMTP.
                 if let Ok(mut t) = std::net::TcpStream::connect(&addr) {

@@ -35,7 +35,11 @@ fn bench_on_two_hosts(link: &str, iters: u32, more: &[&str]) -> common::Run {
 #[ignore = "needs root, /dev/net/tun and ip: scripts/test.sh runs it with --ignored"]
 fn bench_on_simulated_hosts_crosses_the_links_and_says_so() {
     let run = bench_on_two_hosts("rtt=2ms", 40, &["--json"]);
-    let lines = run.bench_lines("tcp", &[(4, "raw"), (4, "lens_bytes"), (4, "lens")], 40);
+    let lines = run.bench_lines(
+        "tcp",
+        &[(4, "raw"), (4, "raw_zmq"), (4, "lens_bytes"), (4, "lens")],
+        40,
+    );
     // Ranks 2 and 3 are on host 1, 2 ms of round trip from rank 0: every round crosses it.
     for line in &lines {
         let median = line["median_us"].as_f64().expect("median");

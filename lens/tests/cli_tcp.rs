@@ -104,7 +104,7 @@ fn tcp_rank_needs_a_key() {
     assert!(run.stderr.contains("LENS_TCP_KEY"), "{}", run.stderr);
 }
 
-/// `--processes`: every rank its own process, lens and the raw baseline in the same tree
+/// `--processes`: every rank its own process, lens and the baselines in the same tree
 /// (fan-out 2 over 5 ranks: two levels); rank 0's CPU and every rank's together.
 #[test]
 fn tcp_bench_with_processes_runs_a_tree_of_processes() {
@@ -125,7 +125,11 @@ fn tcp_bench_with_processes_runs_a_tree_of_processes() {
         &[],
         DEADLINE,
     );
-    let lines = run.bench_lines("tcp", &[(5, "raw"), (5, "lens_bytes"), (5, "lens")], 30);
+    let lines = run.bench_lines(
+        "tcp",
+        &[(5, "raw"), (5, "raw_zmq"), (5, "lens_bytes"), (5, "lens")],
+        30,
+    );
     for line in &lines {
         let rank0 = line["cpu_us_rank0"].as_f64().expect("rank 0's CPU");
         let all = line["cpu_us_all_ranks"].as_f64().expect("every rank's CPU");
@@ -179,7 +183,8 @@ fn tcp_bench_only_times_one_operation() {
     );
     assert!(!run.ok);
     assert!(
-        run.stderr.contains("--only lens_raw") && run.stderr.contains("raw, lens_bytes, lens"),
+        run.stderr.contains("--only lens_raw")
+            && run.stderr.contains("raw, raw_zmq, lens_bytes, lens"),
         "{}",
         run.stderr
     );
@@ -205,9 +210,11 @@ fn tcp_bench_prints_raw_and_lens_lines() {
         "tcp",
         &[
             (2, "raw"),
+            (2, "raw_zmq"),
             (2, "lens_bytes"),
             (2, "lens"),
             (3, "raw"),
+            (3, "raw_zmq"),
             (3, "lens_bytes"),
             (3, "lens"),
         ],

@@ -26,7 +26,8 @@ fn server(limits: Limits) -> (Net, SocketAddr) {
     let mut net = Net::new(
         Codec::new(KEY).expect("HMAC takes a key of any length"),
         limits,
-    );
+    )
+    .expect("an epoll instance is made");
     let addr = net
         .listen(&[SocketAddr::from(([127, 0, 0, 1], 0))])
         .expect("loopback port 0 binds")[0];
@@ -200,21 +201,89 @@ fn a_peer_that_never_reads_never_blocks_a_send() {
 }
 
 #[test]
-fn every_socket_keeps_tcp_keepalive_on() {
+fn every_socket_keeps_tcp_keepalive_and_no_delay_on() {
     let (mut net, addr) = server(limits());
     net.dial(Side::Hub, addr)
-        .expect("dialing starts (libzmq connects in the background)");
-    let mut seen = 0;
-    for side in SIDES {
-        if let Some(s) = net.sock(side) {
-            assert_eq!(
-                s.get_tcp_keepalive()
-                    .expect("a live socket reports its options"),
-                1,
-                "{side:?}"
-            );
-            seen += 1;
-        }
+        .expect("dialing starts (the connection is made in the background)");
+    let _ = pump(&mut net, Duration::from_millis(200));
+    let out = net
+        .hub
+        .as_ref()
+        .and_then(socket::Outbound::sock)
+        .expect("the hub connection is made");
+    let accepted: Vec<&socket::Stream> = net.accepted.values().collect();
+    assert_eq!(
+        accepted.len(),
+        1,
+        "the server accepted its own rank's connection"
+    );
+    for (why, s) in [("outbound", out), ("accepted", accepted[0].sock())] {
+        let s = socket2::SockRef::from(s);
+        assert!(
+            s.keepalive().expect("a live socket reports its options"),
+            "{why}"
+        );
+        assert_eq!(
+            s.tcp_keepalive_time()
+                .expect("a live socket reports its options"),
+            Duration::from_secs(30),
+            "{why}"
+        );
+        assert!(
+            s.tcp_nodelay().expect("a live socket reports its options"),
+            "{why}"
+        );
     }
-    assert_eq!(seen, 2);
+}
+
+#[test]
+fn what_the_socket_does_not_take_at_once_arrives_whole_and_in_order() {
+    let (mut net, addr) = server(limits());
+    let mut peer = TcpStream::connect(addr).expect("the server listens on loopback");
+    let conns = opened(&pump(&mut net, Duration::from_millis(200)));
+    assert_eq!(conns.len(), 1);
+    net.set_verified(&conns[0], Some(1));
+    // Three frames of 1 MiB each, more than the socket's buffers take at once (its send
+    // buffer made small) while the peer is not reading: the rest waits in the queue.
+    for s in net.accepted.values() {
+        socket2::SockRef::from(s.sock())
+            .set_send_buffer_size(64 << 10)
+            .expect("a live socket takes a buffer size");
+    }
+    let frames: Vec<Vec<u8>> = (0..3u8)
+        .map(|i| {
+            (0..1 << 20)
+                .map(|j: u32| (j as u8) ^ i.wrapping_mul(77))
+                .collect()
+        })
+        .collect();
+    for f in &frames {
+        assert_eq!(
+            net.send(&conns[0], f),
+            Ok(()),
+            "a frame within the queue's room is taken"
+        );
+    }
+    let queued: usize = net.accepted.values().map(socket::Stream::pending).sum();
+    assert!(
+        queued > 0,
+        "the socket took all 3 MiB at once: nothing tested the queue"
+    );
+    let want: Vec<u8> = frames.concat();
+    let reader = std::thread::spawn(move || {
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("a non-zero read timeout is accepted");
+        let mut got = vec![0u8; 3 << 20];
+        peer.read_exact(&mut got).map(|()| got)
+    });
+    // The queue is written as the socket drains, while the rank waits for events.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !reader.is_finished() && Instant::now() < deadline {
+        let _ = pump(&mut net, Duration::from_millis(10));
+    }
+    let got = reader
+        .join()
+        .expect("the reader thread does not panic")
+        .expect("every byte arrives within 20 s");
+    assert!(got == want, "the bytes arrived changed or out of order");
 }

@@ -1,64 +1,24 @@
-//! What the keeper (`keeper.rs`) sleeps on while no round runs: libzmq's reports of
-//! connections opening and closing, and the sockets' own descriptors.
+//! What the keeper (`keeper.rs`) sleeps on while no round runs: the listening sockets, and,
+//! while some connection has not proven the key, everything (the epoll instance itself).
 
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd as _, RawFd};
 use std::time::Instant;
 
-use lens_core::Result;
-
-use super::{Net, SIDES};
-use crate::error::socket_err;
-
-/// Names each socket monitor's endpoint uniquely in the process.
-static MONITORS: AtomicU64 = AtomicU64::new(0);
+use super::Net;
 
 impl Net {
-    /// The descriptors libzmq signals when something may have arrived on one of this
-    /// rank's sockets (`ZMQ_FD`): another thread may sleep in `poll(2)` on them while no
-    /// round runs. They signal edges: only after a pass that left the sockets
-    /// [`Net::drained`] does a later arrival signal again.
-    pub(crate) fn wait_fds(&self) -> Vec<RawFd> {
-        SIDES
-            .iter()
-            .filter_map(|s| self.sock(*s).and_then(|k| k.get_fd().ok()))
-            .collect()
+    /// The listening sockets' descriptors: they signal when a connection waits to be
+    /// accepted. Messages on the connections are not signalled here, so a keeper that
+    /// sleeps on these alone is not woken by every round.
+    pub(crate) fn listen_fds(&self) -> Vec<RawFd> {
+        self.listeners.iter().map(|l| l.as_raw_fd()).collect()
     }
 
-    /// Asks libzmq to report when a connection is accepted (or cannot be), made or lost on
-    /// any of this rank's sockets; returns a socket per monitored socket on which the
-    /// reports arrive. Messages on the connections are not reported, so a keeper that
-    /// sleeps on these alone is not woken by every round.
-    pub(crate) fn watch(&self) -> Result<Vec<zmq::Socket>> {
-        let events = [
-            zmq::SocketEvent::ACCEPTED,
-            zmq::SocketEvent::ACCEPT_FAILED,
-            zmq::SocketEvent::CONNECTED,
-            zmq::SocketEvent::DISCONNECTED,
-        ]
-        .iter()
-        .fold(0i32, |m, e| m | i32::from(e.to_raw()));
-        let mut watchers = Vec::new();
-        for side in SIDES {
-            let Some(sock) = self.sock(side) else {
-                continue;
-            };
-            let endpoint = format!(
-                "inproc://lens-tcp-monitor-{}",
-                MONITORS.fetch_add(1, Ordering::Relaxed)
-            );
-            sock.monitor(&endpoint, events)
-                .map_err(socket_err("monitor a socket"))?;
-            let pair = self
-                .ctx
-                .socket(zmq::PAIR)
-                .map_err(socket_err("create a monitor socket"))?;
-            pair.set_linger(0).map_err(socket_err("set linger"))?;
-            pair.connect(&endpoint)
-                .map_err(socket_err("connect a monitor socket"))?;
-            watchers.push(pair);
-        }
-        Ok(watchers)
+    /// The epoll instance's descriptor: it signals when any socket of this rank does. It
+    /// signals edges: only after a pass that left the sockets [`Net::drained`] does a later
+    /// arrival signal again.
+    pub(crate) fn wake_fd(&self) -> RawFd {
+        self.poll.as_raw_fd()
     }
 
     /// Whether a connection has not proven the key (a stranger, a joiner, this rank's own
@@ -67,10 +27,20 @@ impl Net {
         self.conns.values().any(|c| c.verified.is_none())
     }
 
-    /// When the oldest unproven connection's handshake deadline passes, if one waits.
+    /// When something is due without a signal: the oldest unproven connection's handshake
+    /// deadline, or an outbound connection to be made again.
     pub(crate) fn next_expiry(&self) -> Option<Instant> {
-        self.unproven
+        let handshake = self
+            .unproven
             .front()
-            .map(|(opened, _)| *opened + self.limits.handshake)
+            .map(|(opened, _)| *opened + self.limits.handshake);
+        let dial = [&self.hub, &self.parent]
+            .into_iter()
+            .filter_map(|o| o.as_ref().and_then(|o| o.due()))
+            .min();
+        match (handshake, dial) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }

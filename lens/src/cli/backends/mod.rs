@@ -18,6 +18,8 @@ mod tcp;
 mod tcp_procs;
 #[cfg(feature = "tcp")]
 mod tcp_raw;
+#[cfg(feature = "tcp")]
+mod tcp_raw_sockets;
 
 /// A fresh job key for TCP rank processes, in a file only this user can read (removed when
 /// dropped).

@@ -29,6 +29,10 @@ impl Backend for Tcp {
         "tcp"
     }
 
+    fn baselines(&self) -> &'static [&'static str] {
+        tcp_raw::BASELINES
+    }
+
     fn demo(&self, args: &DemoArgs, timeout: Duration) -> Result<DemoRun, String> {
         match args.rank {
             Some(rank) => {
@@ -87,12 +91,14 @@ impl Backend for Tcp {
         let mut groups = Vec::new();
         for &n in &args.ranks {
             let lens = lens_group(n, args.fan_out)?;
-            // The raw baseline in lens's layout: the same star, or the same tree.
-            let raw = tcp_raw::in_process(n, args.fan_out.unwrap_or(n - 1))?;
+            // The baselines in lens's layout: the same star, or the same tree.
+            let k = args.fan_out.unwrap_or(n - 1);
+            let raw = super::tcp_raw_sockets::in_process(n, k)?;
+            let raw_zmq = tcp_raw::in_process(n, k)?;
             let ranks: Vec<TcpRank> = lens
                 .into_iter()
-                .zip(raw)
-                .map(|(lens, raw)| TcpRank { lens, raw })
+                .zip(raw.into_iter().zip(raw_zmq))
+                .map(|(lens, (raw, raw_zmq))| TcpRank { lens, raw, raw_zmq })
                 .collect();
             groups.push(Measured::new(n, self.baselines(), on_threads(ranks, plan)?));
         }

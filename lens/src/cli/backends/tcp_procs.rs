@@ -4,10 +4,11 @@
 //! slowest rank's time, rank 0's CPU and the CPU of all ranks together (on a machine with
 //! fewer cores than ranks, that sum is the floor under the round's time).
 //!
-//! The raw baseline has lens's layout: the same tree (a star unless `--fan-out`), each
-//! parent sending the bytes to its children and acknowledging up once its children have,
-//! over bare ZeroMQ ROUTER/DEALER sockets (no framing, no authentication), in a ZeroMQ
-//! context of its own as lens's group has: one I/O thread each. (Until 5 December 2026 the
+//! The baselines have lens's layout: the same tree (a star unless `--fan-out`), each
+//! parent sending the bytes to its children and acknowledging up once its children have:
+//! `raw` over bare TCP sockets (the transport lens's group runs on), `raw_zmq` over bare
+//! ZeroMQ ROUTER/DEALER sockets (no framing, no authentication; what lens's group ran on
+//! until December 2026), in a ZeroMQ context of its own: one I/O thread. (Until 5 December 2026 the
 //! raw sockets shared the barrier's context, so the I/O thread that had just carried the
 //! barrier carried the raw round too, while lens's round woke a second one: with 64 to
 //! 1,024 processes on 2 cores, about a third more wake-ups per rank and round, and most of
@@ -38,6 +39,7 @@ use super::job_key::{KeyFile, random_hex};
 use super::tcp_raw::{
     RawTree, TcpRank, bound, children, greeted, id, parent, rank_of, socket, up_to, wait_in, zerr,
 };
+use super::tcp_raw_sockets;
 
 /// What a rank process prints: its round times and CPU per round, as JSON.
 const RANK_LINE: &str = "lens-bench-rank ";
@@ -117,10 +119,16 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     let raw_ctx = zmq::Context::new();
     let down = socket(&raw_ctx, zmq::ROUTER)?;
     let bar_down = socket(&ctx, zmq::ROUTER)?;
-    // This rank's line of the directory: its raw tree's address, then its barrier's.
-    // Where the other ranks reach this one: its simulated host's address, else loopback.
+    // This rank's line of the directory: its raw ZeroMQ tree's address, its barrier's, its
+    // raw sockets'. Where the other ranks reach this one: its simulated host's address,
+    // else loopback.
     let host = std::env::var(lens::tcp::env::HOST).unwrap_or_else(|_| "127.0.0.1".into());
-    let mine = format!("{} {}", bound(&down, &host)?, bound(&bar_down, &host)?);
+    let (listener, sockets_at) = tcp_raw_sockets::listen(&host)?;
+    let mine = format!(
+        "{} {} {sockets_at}",
+        bound(&down, &host)?,
+        bound(&bar_down, &host)?
+    );
     // The directory: every rank's line, through rank 0 (a star used once).
     // The directory's socket lives as long as the rank: dropped at once (linger 0), it could
     // take the table with it before it left.
@@ -171,11 +179,21 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     };
     // The raw tree in lens's layout, and the barrier's tree: each rank greets its parent,
     // each parent waits for its children.
-    let raw = tree_of(&raw_ctx, (rank, n, k), down, |p| field(p, 0))?;
+    let raw_zmq = tree_of(&raw_ctx, (rank, n, k), down, |p| field(p, 0))?;
+    // The raw sockets: each rank connects to its parent, then accepts its children (the
+    // kernel holds a connection until it is accepted).
+    let up = match rank {
+        0 => None,
+        r => {
+            let at = field(parent(r, k), 2).ok_or("no parent in the directory")?;
+            Some(tcp_raw_sockets::up_to(r, &at)?)
+        }
+    };
+    let raw = tcp_raw_sockets::tree((rank, n, k), &listener, up)?;
     let barrier = TreeBarrier(tree_of(&ctx, (rank, n, BARRIER_FAN_OUT), bar_down, |p| {
         field(p, 1)
     })?);
-    let mut me = TcpRank { lens, raw };
+    let mut me = TcpRank { lens, raw, raw_zmq };
     let timed = run_rank(&mut me, &mut || barrier.wait(), plan)?;
     println!(
         "{RANK_LINE}{}",

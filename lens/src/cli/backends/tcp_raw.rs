@@ -1,5 +1,6 @@
-//! The TCP bench's raw baseline: bare ZeroMQ ROUTER/DEALER sockets in lens's layout (the
-//! star, or the tree of `--fan-out`), no framing, no authentication. Each parent sends the
+//! The TCP bench's second baseline, `raw_zmq`: bare ZeroMQ ROUTER/DEALER sockets in lens's
+//! layout (the star, or the tree of `--fan-out`), no framing, no authentication: what lens's
+//! group ran on until December 2026 (STREAM sockets then), kept to compare with. Each parent sends the
 //! bytes to its children and acknowledges up once they all have; rank 0's round ends with
 //! its children's acks, as lens's does. The same code runs the ranks as threads and as
 //! processes.
@@ -9,20 +10,30 @@ use lens::tcp::TcpBroadcaster;
 use opentelemetry::Context;
 
 use super::super::measure::BenchRank;
+use super::tcp_raw_sockets::SocketTree;
 
-/// One rank of the TCP bench: lens's broadcaster, and the raw baseline in the same layout.
+/// One rank of the TCP bench: lens's broadcaster, and the baselines in the same layout.
 pub(crate) struct TcpRank {
     pub(crate) lens: TcpBroadcaster,
-    pub(crate) raw: RawTree,
+    /// `raw`: bare TCP sockets.
+    pub(crate) raw: SocketTree,
+    /// `raw_zmq`: bare ZeroMQ sockets.
+    pub(crate) raw_zmq: RawTree,
 }
+
+/// The TCP bench's baselines, in the order [`TcpRank::baseline`] numbers them.
+pub(crate) const BASELINES: &[&str] = &["raw", "raw_zmq"];
 
 impl BenchRank for TcpRank {
     fn group(&self) -> &dyn Broadcaster {
         &self.lens
     }
 
-    fn baseline(&mut self, _: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
-        self.raw.round(bytes)
+    fn baseline(&mut self, i: usize, bytes: &[u8], _: &Context) -> Result<(), String> {
+        match i {
+            0 => self.raw.round(bytes),
+            _ => self.raw_zmq.round(bytes),
+        }
     }
 }
 
