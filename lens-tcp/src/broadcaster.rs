@@ -23,8 +23,8 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Frames a connection may send before it proves the key (a KNOCK and a HELLO, with room
 /// for retries).
 const UNPROVEN_FRAMES: u32 = 16;
-/// Messages queued per connection and direction.
-const QUEUE: i32 = 64;
+/// What a connection may hold queued to send beyond what the kernel took: 64 × 64 KiB.
+const QUEUE: usize = 64;
 /// Ranks of a tree that rank 0 may hold while they wait for their parent to join.
 const FORMING: usize = 32;
 
@@ -126,7 +126,7 @@ impl TcpBroadcaster {
             handshake: HANDSHAKE_TIMEOUT,
             max_unproven,
             unproven_frames: UNPROVEN_FRAMES,
-            hwm: QUEUE,
+            queue: QUEUE,
             backlog: listen_queue(max_unproven, joiners),
         };
         let mut net = Net::new(codec, limits)?;

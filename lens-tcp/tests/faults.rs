@@ -56,6 +56,39 @@ fn slow_joiner_is_waited_for() {
     rounds(&ranks, 20);
 }
 
+/// Members that start before rank 0 listens (connection refused) keep trying, and join once
+/// it does.
+#[test]
+fn members_that_start_before_rank_0_join_when_it_listens() {
+    let timeout = Duration::from_secs(10);
+    // A port nothing listens on until rank 0 binds it.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("loopback port 0 binds")
+        .to_string();
+    let ranks = std::thread::scope(|s| {
+        let early: Vec<_> = (1..3)
+            .map(|r| {
+                let addr = addr.clone();
+                s.spawn(move || TcpBroadcaster::connect(common::config(r, 3, &addr, timeout)))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        let hub = TcpBroadcaster::connect(common::config(0, 3, &addr, timeout))
+            .expect("rank 0 binds the port and forms the group");
+        let mut v = vec![hub];
+        for (r, h) in early.into_iter().enumerate() {
+            v.push(
+                h.join()
+                    .expect("thread")
+                    .unwrap_or_else(|e| panic!("rank {} that started first: {e}", r + 1)),
+            );
+        }
+        v
+    });
+    rounds(&ranks, 20);
+}
+
 #[test]
 fn rank_that_never_joins_is_named() {
     let cfg = |rank: usize, addr: &str, join: Duration| {

@@ -316,7 +316,9 @@ fn nccl_bench_and_demo_on_a_fake_gpu() {
     );
     assert!(run.ok, "{}", run.stderr);
     for ms in common::steps_naming_the_straggler(&run.stdout, 1, 2) {
-        assert!(ms >= 39.0, "a 40 ms delay, spread {ms} ms: {}", run.stdout);
+        // The spread runs from the first rank's arrival, which a busy machine can delay
+        // by a few ms too: the 40 ms shows as at least 30.
+        assert!(ms >= 30.0, "a 40 ms delay, spread {ms} ms: {}", run.stdout);
     }
 
     // `--sample`: the step sampler on both GPU processes; rank 1 sleeps 60 ms in step 5,

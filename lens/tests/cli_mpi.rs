@@ -61,7 +61,9 @@ fn mpi_demo_names_the_straggler_in_every_step() {
     );
     assert!(ok, "{out}");
     for ms in common::steps_naming_the_straggler(&out, 2, 3) {
-        assert!(ms >= 39.0, "a 40 ms delay, spread {ms} ms: {out}");
+        // The spread runs from the first rank's arrival, which a busy machine can delay
+        // by a few ms too: the 40 ms shows as at least 30.
+        assert!(ms >= 30.0, "a 40 ms delay, spread {ms} ms: {out}");
     }
 }
 

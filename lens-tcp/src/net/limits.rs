@@ -16,13 +16,11 @@ pub(crate) struct Limits {
     pub max_unproven: usize,
     /// Frames an accepted connection may send before it proves the key.
     pub unproven_frames: u32,
-    /// Messages queued per connection in each direction (libzmq's high-water marks).
-    pub hwm: i32,
-    /// Connections the kernel holds that libzmq has not accepted yet. libzmq accepts them
-    /// in a burst when it catches up, before lens can close any, so a short queue keeps a
-    /// stranger's burst of descriptors small; an honest joiner that finds it full retries
-    /// its SYN (after a second), so it is no shorter than the joiners this rank expects at
-    /// once.
+    /// What a connection may hold queued to send beyond what the kernel took, in 64 KiB
+    /// units; a send past it fails as full.
+    pub queue: usize,
+    /// Connections the kernel holds that lens has not accepted yet (`listen(2)`'s backlog;
+    /// [`crate::budget::listen_queue`]).
     pub backlog: usize,
 }
 

@@ -40,6 +40,24 @@ pub(super) fn listener(addr: SocketAddr, backlog: usize) -> io::Result<TcpListen
     Ok(TcpListener::from_std(s.into()))
 }
 
+/// Whether a failed connection attempt may succeed later (the peer is not there yet, or
+/// the network is down a moment), rather than being this process's own failure.
+pub(super) fn passing(e: &io::Error) -> bool {
+    use io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::TimedOut
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown
+            | K::Interrupted
+            | K::WouldBlock
+    )
+}
+
 /// How a send went.
 #[derive(Debug)]
 pub(super) enum Wrote {

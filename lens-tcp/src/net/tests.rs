@@ -17,7 +17,7 @@ fn limits() -> Limits {
         handshake: Duration::from_secs(30),
         max_unproven: 64,
         unproven_frames: 16,
-        hwm: 64,
+        queue: 64,
         backlog: 64,
     }
 }
@@ -185,7 +185,10 @@ fn fill(net: &mut Net, conn: &ConnId) -> SendFail {
 
 #[test]
 fn a_peer_that_never_reads_never_blocks_a_send() {
-    let (mut net, addr) = server(Limits { hwm: 4, ..limits() });
+    let (mut net, addr) = server(Limits {
+        queue: 4,
+        ..limits()
+    });
     let _stranger = TcpStream::connect(addr).expect("the server listens on loopback");
     let mut conns = opened(&pump(&mut net, Duration::from_millis(100)));
     let _member = TcpStream::connect(addr).expect("the server listens on loopback");
