@@ -2,7 +2,8 @@
 # Runs every check of the project: formatting, clippy with -D warnings, every test (unit,
 # integration, doc tests, benches in test mode), the feature matrix, and a run of the demo.
 # Installs the system packages the checks need when they are missing (a C++ compiler for
-# libzmq, Open MPI and libclang for the MPI backend). MPI tests run under mpirun.
+# libzmq, which the lens program's TCP bench and the attack tests use; Open MPI and libclang
+# for the MPI backend). MPI tests run under mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,8 @@ apt_install() {
   fi
 }
 
-# lens-tcp builds libzmq from source (zmq crate): a C++ compiler and make.
+# The lens program's TCP bench (its barrier and the raw_zmq baseline) and the tests' ZeroMQ
+# strangers build libzmq from source (zmq crate): a C++ compiler and make. lens-tcp does not.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
 # The OTLP collector test (rotel-agent) and the Python package: PyPI, in a venv made here.
 # The clock test runs one rank under libfaketime; the simulated hosts need ip (iproute2).
