@@ -20,7 +20,8 @@ pub(crate) enum Command {
     /// Measure lens's trace-context broadcast against the backend's raw transport.
     ///
     /// Operations: the backend's baselines (`raw`: one broadcast of the carrier's bytes on
-    /// the bare transport; with mpi also `two_collective`, NeMo Lens's scheme with lens's
+    /// the bare transport; with tcp also `raw_zmq`, the same over bare ZeroMQ sockets; with
+    /// mpi also `two_collective`, NeMo Lens's scheme with lens's
     /// codec: inject and encode, a length then the bytes in two collectives, decode),
     /// `lens_bytes` (lens's broadcast of the same bytes: the backend as lens drives it, no
     /// codec) and `lens` (inject and encode, the backend's broadcast, decode on every rank). The

@@ -8,17 +8,17 @@
 //! parent sending the bytes to its children and acknowledging up once its children have:
 //! `raw` over bare TCP sockets (the transport lens's group runs on), `raw_zmq` over bare
 //! ZeroMQ ROUTER/DEALER sockets (no framing, no authentication; what lens's group ran on
-//! until December 2026), in a ZeroMQ context of its own: one I/O thread. (Until 5 December 2026 the
-//! raw sockets shared the barrier's context, so the I/O thread that had just carried the
-//! barrier carried the raw round too, while lens's round woke a second one: with 64 to
-//! 1,024 processes on 2 cores, about a third more wake-ups per rank and round, and most of
-//! lens's 1.3-1.4 times raw in docs/SCALING.md.)
+//! until December 2026), in a ZeroMQ context of its own: one I/O thread. (Until 5 December
+//! 2026 the ZeroMQ baseline shared the barrier's context, so the I/O thread that had just
+//! carried the barrier carried the raw round too, while lens's round woke a second one:
+//! with 64 to 1,024 processes on 2 cores, about a third more wake-ups per rank and round,
+//! and most of lens's 1.3-1.4 times raw in docs/SCALING.md.)
 //!
 //! The ranks meet twice: lens's group (rank 0's address, a fresh job key), and a
 //! directory over ZeroMQ at rank 0, whose address rank 0 sends with one lens broadcast.
-//! Every rank binds its raw socket and its barrier's on ephemeral loopback ports and tells
-//! rank 0 their endpoints; rank 0 sends the table back, and each rank connects to its
-//! parents. The barrier before each round is a tree of fan-out 8 of its own sockets, so
+//! Every rank binds its baselines' sockets and its barrier's on ephemeral ports of its
+//! address and tells rank 0 their endpoints; rank 0 sends the table back, and each rank
+//! connects to its parents. The barrier before each round is a tree of fan-out 8 of its own sockets, so
 //! that rank 0, whose CPU is the figure that carries to separate hosts, hears from at most
 //! 8 ranks' barrier messages while its round is timed (a star barrier charged it for every
 //! rank's).
