@@ -367,7 +367,7 @@ impl TcpBroadcaster {
         let mut g = self.state();
         let result = g.run_round(root, payload, self.timeout, self.queued);
         if result.is_err() && self.rank != 0 {
-            // The connection may have been reset without libzmq saying so: prove the key
+            // The connection may have been reset without a read seeing it yet: prove the key
             // again, so that the next round finds this rank (a no-op when nothing broke).
             let up = g.up_side();
             g.knock(up)?;

@@ -1,5 +1,5 @@
-//! What a steady round allocates on each rank (Rust's allocator; libzmq's own buffers are
-//! not counted). At hundreds of processes on few cores every wake-up runs from a cold
+//! What a steady round allocates on each rank (Rust's allocator: everything lens-tcp
+//! allocates, since it no longer runs on libzmq). At hundreds of processes on few cores every wake-up runs from a cold
 //! cache, and allocations were the largest part of what a lens member costs over a bare
 //! ZeroMQ one (docs/SCALING.md), so their number is held here.
 

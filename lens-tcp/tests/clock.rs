@@ -70,7 +70,7 @@ fn a_rank_under_faketime_is_measured_2_5_s_ahead() {
     for rank in 0..2 {
         let mut cmd = if rank == 1 {
             let mut c = Command::new("faketime");
-            // Only the wall clock: libzmq's timers keep the real monotonic clock.
+            // Only the wall clock: deadlines and timers keep the real monotonic clock.
             c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
                 .arg("-f")
                 .arg("+2.5s")

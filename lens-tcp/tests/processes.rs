@@ -113,7 +113,7 @@ fn join_from_env() -> TcpBroadcaster {
 const LARGE: usize = 1024;
 const LARGE_FAN_OUT: usize = 4;
 /// How many descriptors rank 0's process may hold in the large tree job once the group has
-/// formed: its own (the test binary, libzmq's context and sockets) and its four children,
+/// formed: its own (the test binary, its epoll instances and sockets) and its four children,
 /// never one per rank. While the group forms it also holds the ranks whose parent has not
 /// joined yet, which depends on the order the processes start in (checked against the
 /// process's limit only: the job succeeds under `ulimit -n 1024`).
@@ -242,7 +242,7 @@ fn tree_child() {
     if lens_core::Broadcaster::rank(&group) == 0 {
         // Once formed, rank 0 keeps its children only: its descriptors no longer depend on
         // the world. The connections of ranks that left it for their parents close on
-        // libzmq's I/O thread, so give them a moment.
+        // as the ranks' own reads find them closed, so give them a moment.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut held = own_descriptors();
         while held > LARGE_RANK0_FDS && Instant::now() < deadline {

@@ -22,7 +22,7 @@ fn cfg(rank: usize, addr: &str) -> TcpConfig {
         .world_size(2)
         .addr(addr)
         .key(common::KEY)
-        // Longer than a reconnection takes (libzmq retries after 50 ms).
+        // Longer than a reconnection takes (a lost connection is made again after 50 ms).
         .timeout(Duration::from_secs(5))
         .join_timeout(Duration::from_secs(10))
         .build()
@@ -104,5 +104,40 @@ fn a_reset_at_any_point_costs_no_round() {
             reconnected >= 2,
             "run {run}: rank 1 reconnected after the reset"
         );
+    }
+}
+
+/// A reset while no round runs is mended between rounds: each rank's keeper notices the
+/// lost connection, rank 1 connects again and proves the key before anyone calls
+/// `broadcast` again, and the next rounds succeed.
+#[test]
+fn a_reset_between_rounds_is_mended_before_the_next_round() {
+    let (ranks, relay) = pair_through_relay();
+    let round = |n: usize| {
+        lens_testkit::on_each_rank(&ranks, |b| {
+            let want = format!("round {n}").into_bytes();
+            let mine = (b.rank() == 0).then_some(want.as_slice());
+            blocking::broadcast(b, 0, mine).map(|got| assert_eq!(got, want))
+        })
+    };
+    for r in round(0) {
+        r.expect("the first round");
+    }
+    relay.reset();
+    // No round runs: only the keepers can notice and mend the reset.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while relay.up.lock().expect("lock").len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        relay.up.lock().expect("lock").len() >= 2,
+        "rank 1 did not connect again within 5 s while no round ran"
+    );
+    // Let the new connection prove the key (a KNOCK and its answers), still between rounds.
+    std::thread::sleep(Duration::from_millis(500));
+    for n in 1..20 {
+        for r in round(n) {
+            r.unwrap_or_else(|e| panic!("round {n} after the reset: {e}"));
+        }
     }
 }

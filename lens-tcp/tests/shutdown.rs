@@ -49,7 +49,7 @@ fn dropping_a_group_stops_its_keepers_and_frees_its_descriptors() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    // libzmq closes sockets on its own threads: give it a moment, then nothing is left.
+    // The keeper closes its descriptors as it stops: give it a moment, then nothing is left.
     let started = Instant::now();
     while fds() > before && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));

@@ -50,7 +50,7 @@ impl Relay {
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                // As fast as the ranks' own sockets (libzmq sets TCP_NODELAY): without it,
+                // As fast as the ranks' own sockets (lens sets TCP_NODELAY): without it,
                 // Nagle's algorithm and delayed acks hold each small frame ~40 ms.
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
