@@ -4,7 +4,8 @@
 //! every `--reset-every` seconds. Each rank reports every `--sample-every` seconds: its
 //! rounds' p50 and p99, failures, RSS, open descriptors and threads. The run ends with the
 //! table, each series' slope (the median of pairwise slopes, first sample left out as warm-up), a verdict
-//! per series, and an SVG plot with `--svg`.
+//! per series (it grows when even the least slope it shows with 95% confidence passes its
+//! allowance), and an SVG plot with `--svg`.
 
 use std::io::{BufRead as _, BufReader, Read, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -185,26 +186,53 @@ fn combine(per_rank: &[Vec<Sample>]) -> Vec<Sample> {
         .collect()
 }
 
-/// The slope of `ys` per sample: the median of the slopes between every pair of samples
-/// (Theil-Sen), so that one slow sample in a short run (a busy machine's moment) is not
-/// read as a trend, while a series that keeps growing still is.
-pub(crate) fn slope(ys: &[f64]) -> f64 {
+/// The slopes between every pair of samples of `ys`, per sample, in ascending order.
+fn pairwise_slopes(ys: &[f64]) -> Vec<f64> {
     let mut slopes = Vec::with_capacity(ys.len() * ys.len().saturating_sub(1) / 2);
     for (i, a) in ys.iter().enumerate() {
         for (j, b) in ys.iter().enumerate().skip(i + 1) {
             slopes.push((b - a) / (j - i) as f64);
         }
     }
+    slopes.sort_by(f64::total_cmp);
+    slopes
+}
+
+/// The slope of `ys` per sample: the median of the slopes between every pair of samples
+/// (Theil-Sen), so that one slow sample in a short run (a busy machine's moment) is not
+/// read as a trend, while a series that keeps growing still is.
+pub(crate) fn slope(ys: &[f64]) -> f64 {
+    let slopes = pairwise_slopes(ys);
     if slopes.is_empty() {
         return 0.0;
     }
-    slopes.sort_by(f64::total_cmp);
     let mid = slopes.len() / 2;
     if slopes.len() % 2 == 1 {
         slopes[mid]
     } else {
         (slopes[mid - 1] + slopes[mid]) / 2.0
     }
+}
+
+/// The least slope per sample that `ys` shows with 95% confidence (one-sided; Sen's bound
+/// from the normal approximation of Kendall's S, ties ignored): the pairwise slope of rank
+/// (N - 1.645 sd(S)) / 2, where N is the number of pairs. A series is judged to grow only
+/// when this bound does: with five samples of a noisy percentile, the median slope alone
+/// calls a busy machine's last seconds a trend about one run in six, while a steady leak
+/// raises every pairwise slope and so this bound too.
+pub(crate) fn slope_at_least(ys: &[f64]) -> f64 {
+    let slopes = pairwise_slopes(ys);
+    let Some(&least) = slopes.first() else {
+        return 0.0;
+    };
+    let n = ys.len() as f64;
+    let sd = (n * (n - 1.0) * (2.0 * n + 5.0) / 18.0).sqrt();
+    let rank = ((slopes.len() as f64 - 1.645 * sd) / 2.0).floor();
+    // Below rank 1 the bound is unbounded below; the least slope is the most the samples say.
+    if rank < 1.0 {
+        return least;
+    }
+    slopes.get(rank as usize - 1).copied().unwrap_or(least)
 }
 
 /// Prints the table and each series' slope and verdict; an error when a round failed or a
@@ -248,10 +276,11 @@ fn print_table(rows: &[Sample], sample_every: f64) -> Result<(), String> {
         let ys: Vec<f64> = steady.iter().map(f).collect();
         let mean = ys.iter().sum::<f64>() / ys.len() as f64;
         let growth = slope(&ys) * span;
+        let at_least = slope_at_least(&ys) * span;
         let allowed = abs + share * mean;
-        let flat = growth <= allowed;
+        let flat = at_least <= allowed;
         println!(
-            "{name}: mean {mean:.1}, slope {:.3} per sample, {growth:+.1} over the run (allowed {allowed:.1}): {}",
+            "{name}: mean {mean:.1}, slope {:.3} per sample, {growth:+.1} over the run, at least {at_least:+.1} at 95% (allowed {allowed:.1}): {}",
             slope(&ys),
             if flat { "flat" } else { "GROWS" }
         );
@@ -376,6 +405,39 @@ mod tests {
     }
 
     #[test]
+    fn the_least_slope_shown_at_95_percent() {
+        let line: Vec<f64> = (0..59).map(f64::from).collect();
+        let rows: &[(&[f64], f64, &str)] = &[
+            (&[1.0, 2.0, 3.0, 4.0, 5.0], 1.0, "a line shows its slope"),
+            (&[5.0, 5.0, 5.0, 5.0, 5.0], 0.0, "flat"),
+            (&[4.0], 0.0, "one point shows nothing"),
+            (
+                &[1.0, 3.0, 2.0],
+                -1.0,
+                "three points: the least pairwise slope",
+            ),
+            // The 24-second soak of CI on 6 December: p99 over the five samples after the
+            // first; its median slope (621 a sample) read a busy machine as growth.
+            (
+                &[1374.0, 2154.0, 1632.0, 2580.0, 3950.0],
+                -522.0,
+                "five noisy samples show no growth for sure",
+            ),
+            (&line, 1.0, "an hour's line"),
+        ];
+        for (ys, want, why) in rows {
+            let got = slope_at_least(ys);
+            assert!((got - want).abs() < 1e-9, "{why}: {got}");
+        }
+        // Over an hour, noise of ±1 around a slope of 1 leaves the bound near 1.
+        let noisy: Vec<f64> = (0..59)
+            .map(|i| f64::from(i) + if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let got = slope_at_least(&noisy);
+        assert!((0.9..=1.0).contains(&got), "an hour's noisy line: {got}");
+    }
+
+    #[test]
     fn samples_read_back() {
         let s = Sample {
             rounds: 6000,
@@ -412,5 +474,23 @@ mod tests {
             .collect();
         let e = print_table(&leak, 60.0).expect_err("RSS grows 2 MiB a sample");
         assert!(e.contains("RSS"), "{e}");
+        // A p99 that climbs every sample grows, whatever the bound's width.
+        let climb: Vec<Sample> = (0..6)
+            .map(|i| Sample {
+                p99_us: 1000.0 + 500.0 * f64::from(i),
+                ..row(8000.0)
+            })
+            .collect();
+        let e = print_table(&climb, 4.0).expect_err("p99 climbs 500 µs a sample");
+        assert!(e.contains("p99"), "{e}");
+        // CI's 24-second soak of 6 December: a busy machine, not a trend.
+        let busy: Vec<Sample> = [1410.0, 1374.0, 2154.0, 1632.0, 2580.0, 3950.0]
+            .into_iter()
+            .map(|p99_us| Sample {
+                p99_us,
+                ..row(8000.0)
+            })
+            .collect();
+        assert!(print_table(&busy, 4.0).is_ok());
     }
 }
