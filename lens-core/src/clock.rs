@@ -6,10 +6,14 @@
 //! `t1` and the time it sends back (`t2`); the reference notes when that arrived (`t3`). With
 //! the one-way delays `d1, d2 ≥ 0` (whatever the transport and its queues), `t1 = t0 + d1 +
 //! θ` and `t3 = t2 + d2 - θ`, so `θ ≈ ((t1 - t0) + (t2 - t3)) / 2` is off by at most
-//! `(d1 + d2) / 2`, which is measured: `((t3 - t0) - (t2 - t1)) / 2` is the error bound. Of
-//! the repetitions the one with the smallest bound is kept (minimum-delay filtering, as
-//! NTP does). The reference then broadcasts every rank's result, so every rank knows every
-//! offset.
+//! `(d1 + d2) / 2`, which is measured: `((t3 - t0) - (t2 - t1)) / 2` is the error bound.
+//! Since neither delay is negative, every exchange puts `θ` between `-(t3 - t2)` and
+//! `t1 - t0`; over the repetitions `θ` lies in the narrowest of these, between minus the
+//! least `t3 - t2` and the least `t1 - t0`, whose midpoint is the offset and half its width
+//! the bound (minimum-delay filtering, as NTP does, for each way on its own: a path whose
+//! jitter never gives one exchange short delays both ways still gives each way a short
+//! one). The clocks are taken not to drift apart by more than that during the measurement.
+//! The reference then broadcasts every rank's result, so every rank knows every offset.
 //!
 //! "Reached" is when the bytes came, not when the round returned: a relay (TCP's rank 0 in
 //! another root's round, a tree's inner ranks) forwards them and waits for the ranks below
@@ -37,8 +41,44 @@ pub struct ClockOffset {
     /// This rank's clock minus the reference clock, in nanoseconds (`lens.clock.offset_ns`).
     pub offset_ns: i64,
     /// The most the offset can be wrong by, in nanoseconds (`lens.clock.error_ns`): half the
-    /// round trip of the best exchange.
+    /// sum of the least delay seen each way (at most half the round trip of the best
+    /// exchange).
     pub error_ns: u64,
+}
+
+/// The least of each way's measured delay between the reference and one rank, each on the
+/// two clocks: `out = t1 - t0` (the delay there plus the offset) and `back = t3 - t2` (the
+/// delay back minus the offset).
+#[derive(Debug, Clone, Copy, Default)]
+struct LeastDelays {
+    out: Option<i128>,
+    back: Option<i128>,
+}
+
+impl LeastDelays {
+    /// One exchange: the reference sent at `t0`, the rank had it at `t1` and answered at
+    /// `t2`, the reference had the answer at `t3` (each on its own clock).
+    fn add(&mut self, t0: i128, t1: i128, t2: i128, t3: i128) {
+        let least = |old: Option<i128>, new: i128| Some(old.map_or(new, |o| o.min(new)));
+        self.out = least(self.out, t1 - t0);
+        self.back = least(self.back, t3 - t2);
+    }
+
+    /// The midpoint of the offsets every exchange allows, and half their width; `None`
+    /// before an exchange.
+    fn offset(&self) -> Option<ClockOffset> {
+        let (out, back) = (self.out?, self.back?);
+        let offset = (out - back) / 2;
+        let error = ((out + back) / 2).max(0);
+        Some(ClockOffset {
+            offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 {
+                i64::MIN
+            } else {
+                i64::MAX
+            }),
+            error_ns: u64::try_from(error).unwrap_or(u64::MAX),
+        })
+    }
 }
 
 /// Resource attribute keys for [`ClockOffset`].
@@ -131,14 +171,7 @@ async fn measure_with(
             "measuring clock offsets needs at least one repetition",
         ));
     }
-    let mut best: Vec<ClockOffset> = vec![
-        ClockOffset {
-            offset_ns: 0,
-            error_ns: u64::MAX,
-        };
-        n
-    ];
-    best[reference].error_ns = 0;
+    let mut least = vec![LeastDelays::default(); n];
     for _ in 0..repetitions {
         for r in (0..n).filter(|&r| r != reference) {
             // Out: the reference's send time.
@@ -158,25 +191,20 @@ async fn measure_with(
             let t3 = came_at(b, now);
             if me == reference {
                 let (t1, t2) = (read_i128(&got, 0)?, read_i128(&got, 16)?);
-                let offset = ((t1 - t0) + (t2 - t3)) / 2;
-                let error = (((t3 - t0) - (t2 - t1)) / 2).max(0);
-                let error = u64::try_from(error).unwrap_or(u64::MAX);
-                if error < best[r].error_ns {
-                    best[r] = ClockOffset {
-                        offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 {
-                            i64::MIN
-                        } else {
-                            i64::MAX
-                        }),
-                        error_ns: error,
-                    };
-                }
+                least[r].add(t0, t1, t2, t3);
             }
         }
     }
     // The reference tells every rank every result.
     let table = (me == reference).then(|| {
-        best.iter()
+        least
+            .iter()
+            .map(|l| {
+                l.offset().unwrap_or(ClockOffset {
+                    offset_ns: 0,
+                    error_ns: 0, // the reference itself
+                })
+            })
             .flat_map(|c| {
                 let mut e = c.offset_ns.to_le_bytes().to_vec();
                 e.extend_from_slice(&c.error_ns.to_le_bytes());
@@ -307,5 +335,75 @@ impl ClockTracker {
     /// How many times the offsets have been measured.
     pub fn measurements(&self) -> u64 {
         self.measurements
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i128 = 1_000_000;
+
+    #[test]
+    fn each_ways_least_delay_bounds_the_offset() {
+        // (why, the true offset, each exchange's delay there and back, the offset and bound
+        // expected)
+        let rows: &[(&str, i128, &[(i128, i128)], i64, u64)] = &[
+            (
+                "one symmetric exchange",
+                7 * MS,
+                &[(MS, MS)],
+                7_000_000,
+                1_000_000,
+            ),
+            (
+                "an asymmetric path: off by half the asymmetry, within the bound",
+                -2_500 * MS,
+                &[(MS, 3 * MS), (2 * MS, 4 * MS)],
+                -2_501_000_000,
+                2_000_000,
+            ),
+            (
+                "jitter that never gives one exchange both ways short: each way's least",
+                0,
+                &[
+                    (MS, 14 * MS / 10),
+                    (14 * MS / 10, MS),
+                    (12 * MS / 10, 12 * MS / 10),
+                ],
+                0,
+                1_000_000,
+            ),
+            ("no delay at all", 5, &[(0, 0)], 5, 0),
+        ];
+        for &(why, truth, exchanges, offset_ns, error_ns) in rows {
+            let mut least = LeastDelays::default();
+            for (k, &(there, back)) in (0_i128..).zip(exchanges) {
+                let t0 = k * 100 * MS;
+                let t1 = t0 + there + truth;
+                let t2 = t1 + 50_000;
+                let t3 = t2 + back - truth;
+                least.add(t0, t1, t2, t3);
+            }
+            let got = least.offset().expect("exchanges were added");
+            assert_eq!(
+                got,
+                ClockOffset {
+                    offset_ns,
+                    error_ns
+                },
+                "{why}"
+            );
+            let truth = i64::try_from(truth).expect("small");
+            assert!(
+                got.offset_ns.abs_diff(truth) <= got.error_ns,
+                "{why}: the bound holds"
+            );
+        }
+        assert_eq!(
+            LeastDelays::default().offset(),
+            None,
+            "no exchange, no offset"
+        );
     }
 }
