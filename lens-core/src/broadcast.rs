@@ -13,6 +13,7 @@ use crate::carrier::w3c::parse_traceparent;
 use crate::carrier::{Carrier, TRACEPARENT};
 use crate::error::{Error, Result};
 use crate::round::round;
+use crate::sample::StepSampler;
 
 /// Broadcasts the source rank's *current* trace context to every rank of `b`.
 ///
@@ -183,14 +184,24 @@ pub(crate) fn source_begins(b: &dyn Broadcaster) -> Option<String> {
     let s = b.step_sampler()?;
     // An earlier round's arrivals, left for a caller that never took them, are stale now.
     s.stash_arrivals(None);
-    s.before_round(b);
+    step_ends(b, s);
     s.word()
 }
 
 /// Another rank enters the round: the step sampler's step ends, its vote goes with it.
 pub(crate) fn member_begins(b: &dyn Broadcaster) {
     if let Some(s) = b.step_sampler() {
-        s.before_round(b);
+        step_ends(b, s);
+    }
+}
+
+/// The sampler's step ends as this rank enters a round; the group carries its vote.
+fn step_ends(b: &dyn Broadcaster, s: &StepSampler) {
+    if s.before_round() && !b.carry_vote(true) {
+        tracing::debug!(
+            rank = b.rank(),
+            "step sampler: this backend does not carry votes to the source"
+        );
     }
 }
 

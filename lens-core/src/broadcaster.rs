@@ -218,3 +218,5 @@ macro_rules! forward_broadcaster {
 }
 
 forward_broadcaster!(&T, Box<T>, Arc<T>);
+
+mod sampled;

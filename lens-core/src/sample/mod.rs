@@ -78,7 +78,6 @@ pub use threshold::Threshold;
 pub use wire::{CARRIER_KEY, Reason};
 
 use crate::arrivals::Arrivals;
-use crate::broadcaster::Broadcaster;
 use crate::carrier::Carrier;
 use crate::error::Result;
 use state::{Release, State};
@@ -184,9 +183,10 @@ impl StepSampler {
         }
     }
 
-    /// `group` with this sampler: its trace-context broadcasts end and begin steps. When
-    /// it is dropped, what the sampler still holds is kept.
-    pub fn group<B: Broadcaster>(&self, group: B) -> Sampled<B> {
+    /// `group` with this sampler: its trace-context broadcasts end and begin steps (it is a
+    /// [`Broadcaster`](crate::Broadcaster) where `group` is one). When it is dropped, what
+    /// the sampler still holds is kept.
+    pub fn group<B>(&self, group: B) -> Sampled<B> {
         Sampled {
             group,
             sampler: self.clone(),
@@ -242,14 +242,10 @@ impl StepSampler {
 
     /// The rank enters a round: its vote for the step that ends goes with it, where the
     /// backend carries votes.
-    pub(crate) fn before_round(&self, b: &dyn Broadcaster) {
-        let vote = self.inner.state().before_round(Instant::now());
-        if vote && !b.carry_vote(true) {
-            tracing::debug!(
-                rank = b.rank(),
-                "step sampler: this backend does not carry votes to the source"
-            );
-        }
+    /// This rank enters a round: whether it votes to keep the step that ends (the group
+    /// carries the vote).
+    pub(crate) fn before_round(&self) -> bool {
+        self.inner.state().before_round(Instant::now())
     }
 
     /// The source's word for the round it is about to send, encoded.
@@ -385,8 +381,8 @@ impl SpanProcessor for StepProcessor {
     }
 }
 
-/// A rank's group with its [`StepSampler`] ([`StepSampler::group`]): a [`Broadcaster`]
-/// like the one it wraps.
+/// A rank's group with its [`StepSampler`] ([`StepSampler::group`]): a
+/// [`Broadcaster`](crate::Broadcaster) like the one it wraps.
 pub struct Sampled<B> {
     group: B,
     sampler: StepSampler,
@@ -402,6 +398,12 @@ impl<B> Sampled<B> {
     pub fn sampler(&self) -> &StepSampler {
         &self.sampler
     }
+
+    /// Those the sampler took for a round whose span did not record them (a caller in
+    /// another language), else none.
+    pub(crate) fn take_stashed(&self) -> Option<Arrivals> {
+        self.sampler.inner.state().take_stashed()
+    }
 }
 
 impl<B: std::fmt::Debug> std::fmt::Debug for Sampled<B> {
@@ -415,60 +417,6 @@ impl<B: std::fmt::Debug> std::fmt::Debug for Sampled<B> {
 impl<B> Drop for Sampled<B> {
     fn drop(&mut self) {
         self.sampler.finish();
-    }
-}
-
-#[async_trait::async_trait]
-impl<B: Broadcaster> Broadcaster for Sampled<B> {
-    fn rank(&self) -> usize {
-        self.group.rank()
-    }
-
-    fn world_size(&self) -> usize {
-        self.group.world_size()
-    }
-
-    fn max_payload(&self) -> usize {
-        self.group.max_payload()
-    }
-
-    fn local_rank(&self) -> Option<usize> {
-        self.group.local_rank()
-    }
-
-    async fn broadcast(&self, root: usize, payload: Option<&[u8]>) -> Result<Vec<u8>> {
-        self.group.broadcast(root, payload).await
-    }
-
-    fn broadcast_sync(&self, root: usize, payload: Option<&[u8]>) -> Option<Result<Vec<u8>>> {
-        self.group.broadcast_sync(root, payload)
-    }
-
-    /// Those the sampler took for a round whose span did not record them (a caller in
-    /// another language), else the group's.
-    fn take_arrivals(&self) -> Option<Arrivals> {
-        let stashed = self.sampler.inner.state().take_stashed();
-        stashed.or_else(|| self.group.take_arrivals())
-    }
-
-    fn rounds_started(&self) -> Option<u64> {
-        self.group.rounds_started()
-    }
-
-    fn received_at(&self) -> Option<std::time::Instant> {
-        self.group.received_at()
-    }
-
-    fn carry_vote(&self, vote: bool) -> bool {
-        self.group.carry_vote(vote)
-    }
-
-    fn stand_for(&self, rank: usize, came: std::time::Instant) -> bool {
-        self.group.stand_for(rank, came)
-    }
-
-    fn step_sampler(&self) -> Option<&StepSampler> {
-        Some(&self.sampler)
     }
 }
 
