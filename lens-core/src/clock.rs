@@ -12,8 +12,10 @@
 //! least `t3 - t2` and the least `t1 - t0`, whose midpoint is the offset and half its width
 //! the bound (minimum-delay filtering, as NTP does, for each way on its own: a path whose
 //! jitter never gives one exchange short delays both ways still gives each way a short
-//! one). The clocks are taken not to drift apart by more than that during the measurement.
-//! The reference then broadcasts every rank's result, so every rank knows every offset.
+//! one). Clocks that drift apart still get an honest answer: the offset lies within its
+//! bound of a value the true offset took while that rank's exchanges ran, and they run one
+//! after another (`2 × repetitions` broadcasts), so that window is short. The reference
+//! then broadcasts every rank's result, so every rank knows every offset.
 //!
 //! "Reached" is when the bytes came, not when the round returned: a relay (TCP's rank 0 in
 //! another root's round, a tree's inner ranks) forwards them and waits for the ranks below
@@ -172,8 +174,11 @@ async fn measure_with(
         ));
     }
     let mut least = vec![LeastDelays::default(); n];
-    for _ in 0..repetitions {
-        for r in (0..n).filter(|&r| r != reference) {
+    // Each rank's exchanges one after another: its least delays then come from a window of
+    // `2 × repetitions` broadcasts, not from the whole measurement, over which clocks that
+    // drift apart would move the offset (`N × repetitions × 2` broadcasts for N ranks).
+    for r in (0..n).filter(|&r| r != reference) {
+        for _ in 0..repetitions {
             // Out: the reference's send time.
             let t0 = now();
             let out = (me == reference).then(|| t0.to_le_bytes());

@@ -113,3 +113,88 @@ fn offsets_are_measured_through_a_hierarchical_group() {
         assert!(within(*c, truth), "rank {r}: {c:?} against {truth}");
     }
 }
+
+/// Clocks that drift apart (ranks 1 and 2 run half again as fast as rank 0's, a drift no
+/// real clock has, so that it dwarfs the delays): each rank's offset lies within its bound
+/// of a value the true offset took while that rank's own exchanges ran (the reference reads
+/// its clock three times an exchange, and the exchanges go rank by rank).
+#[test]
+fn drifting_clocks_get_an_offset_the_truth_took_within_its_bound() {
+    const REPS: usize = 20;
+    let start = system_now_ns();
+    let reads = std::sync::Mutex::new(Vec::new());
+    let tables = on_threads(3, |b| {
+        let (ahead, rate) = if b.rank() == 0 {
+            (0, 0)
+        } else {
+            (2_000_000, 1)
+        };
+        let reference = b.rank() == 0;
+        let reads = &reads;
+        // This rank's clock: real + ahead + rate × (real − start) / 2.
+        let now = move || {
+            let real = system_now_ns();
+            if reference {
+                reads.lock().expect("reads").push(real);
+            }
+            real + ahead + rate * (real - start) / 2
+        };
+        measure_clock_offsets_with(b, 0, REPS, &now).expect("measured")
+    });
+    let reads = reads.into_inner().expect("reads");
+    assert!(reads.len() >= 2 * 3 * REPS, "{} reads", reads.len());
+    let truth = |t: i128| i64::try_from(2_000_000 + (t - start) / 2).expect("small");
+    for (r, c) in tables[0].iter().enumerate().skip(1) {
+        let window = &reads[(r - 1) * 3 * REPS..r * 3 * REPS];
+        let (first, last) = (truth(window[0]), truth(window[window.len() - 1]));
+        let outside = if c.offset_ns < first {
+            first - c.offset_ns
+        } else {
+            c.offset_ns.saturating_sub(last).max(0)
+        };
+        assert!(
+            outside.unsigned_abs() <= c.error_ns + 1,
+            "rank {r}: {c:?} is {outside} ns from the truth's range [{first}, {last}] \
+             while its exchanges ran"
+        );
+    }
+}
+
+/// Each rank's exchanges run one after another, so clocks that drift apart move its
+/// offset only over `2 × repetitions` broadcasts: the roots of the rounds, in order.
+#[test]
+fn each_ranks_exchanges_run_one_after_another() {
+    struct Roots<'a> {
+        group: &'a dyn lens_core::Broadcaster,
+        roots: std::sync::Mutex<Vec<usize>>,
+    }
+    #[async_trait::async_trait]
+    impl lens_core::Broadcaster for Roots<'_> {
+        fn rank(&self) -> usize {
+            self.group.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.group.world_size()
+        }
+        async fn broadcast(
+            &self,
+            root: usize,
+            payload: Option<&[u8]>,
+        ) -> lens_core::Result<Vec<u8>> {
+            self.roots.lock().expect("roots").push(root);
+            self.group.broadcast(root, payload).await
+        }
+    }
+    let roots = on_threads(3, |b| {
+        let recorded = Roots {
+            group: b,
+            roots: std::sync::Mutex::new(Vec::new()),
+        };
+        measure_clock_offsets(&recorded, 0, 3).expect("measured");
+        recorded.roots.into_inner().expect("roots")
+    });
+    let want = vec![0, 1, 0, 1, 0, 1, 0, 2, 0, 2, 0, 2, 0];
+    for (r, got) in roots.iter().enumerate() {
+        assert_eq!(got, &want, "rank {r}: the rounds' roots in order");
+    }
+}
