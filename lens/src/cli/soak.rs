@@ -275,13 +275,13 @@ fn print_table(rows: &[Sample], sample_every: f64) -> Result<(), String> {
     for (name, f, abs, share) in series {
         let ys: Vec<f64> = steady.iter().map(f).collect();
         let mean = ys.iter().sum::<f64>() / ys.len() as f64;
-        let growth = slope(&ys) * span;
+        let per_sample = slope(&ys);
+        let growth = per_sample * span;
         let at_least = slope_at_least(&ys) * span;
         let allowed = abs + share * mean;
         let flat = at_least <= allowed;
         println!(
-            "{name}: mean {mean:.1}, slope {:.3} per sample, {growth:+.1} over the run, at least {at_least:+.1} at 95% (allowed {allowed:.1}): {}",
-            slope(&ys),
+            "{name}: mean {mean:.1}, slope {per_sample:.3} per sample, {growth:+.1} over the run, at least {at_least:+.1} at 95% (allowed {allowed:.1}): {}",
             if flat { "flat" } else { "GROWS" }
         );
         if !flat {
