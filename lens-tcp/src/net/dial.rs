@@ -86,7 +86,9 @@ impl Net {
         };
         if out.stream().is_some() {
             let failed = ev.is_writable() && out.stream().is_some_and(|s| s.flush().is_err());
-            if failed || ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+            if ev.is_read_closed() || ev.is_error() {
+                self.mark_ended(token);
+            } else if failed || ev.is_readable() {
                 self.mark_readable(token);
             }
             return;

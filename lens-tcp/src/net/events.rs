@@ -33,7 +33,9 @@ impl Net {
                     {
                         self.mark_readable(token);
                     }
-                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    if ev.is_read_closed() || ev.is_error() {
+                        self.mark_ended(token);
+                    } else if ev.is_readable() {
                         self.mark_readable(token);
                     }
                 }
@@ -41,6 +43,14 @@ impl Net {
         }
         self.ready = ready;
         Ok(())
+    }
+
+    /// The connection under `token` signalled its end: read until the end is seen.
+    pub(super) fn mark_ended(&mut self, token: Token) {
+        if let Some(s) = self.stream_of(token) {
+            s.ended = true;
+        }
+        self.mark_readable(token);
     }
 
     pub(super) fn mark_readable(&mut self, token: Token) {
@@ -105,8 +115,9 @@ impl Net {
             }
             Ok(Some(n)) => {
                 // A read that did not fill the buffer took all there was (as tokio
-                // reasons too): the next arrival signals again.
-                let more = n == buf.len();
+                // reasons too): the next arrival signals again. Not the end, when it
+                // signalled with the last bytes: the next read sees it.
+                let more = n == buf.len() || stream.ended;
                 if !more && let Some(s) = self.stream_of(token) {
                     s.readable = false;
                 }

@@ -80,6 +80,10 @@ pub(super) struct Stream {
     sent: usize,
     /// It signalled data (or its end) that is not read yet.
     pub readable: bool,
+    /// It signalled its end (the peer closed or reset it): read until the end is seen. The
+    /// peer's last bytes and its end can signal as one; a read that takes the bytes does
+    /// not see the end, and no later signal comes for it.
+    pub ended: bool,
 }
 
 impl Stream {
@@ -89,6 +93,7 @@ impl Stream {
             out: Vec::new(),
             sent: 0,
             readable: false,
+            ended: false,
         }
     }
 

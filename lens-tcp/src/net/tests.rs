@@ -290,3 +290,35 @@ fn what_the_socket_does_not_take_at_once_arrives_whole_and_in_order() {
         .expect("every byte arrives within 20 s");
     assert!(got == want, "the bytes arrived changed or out of order");
 }
+
+/// A peer's last frame and its end can signal as one (edge-triggered epoll signals once):
+/// the read that takes the frame does not see the end, and the connection must still be
+/// found closed, not wait for a signal that never comes. Before this was handled, a rank
+/// whose connection was cut right behind a frame waited out its round's deadline.
+#[test]
+fn a_frame_and_the_end_behind_it_are_both_seen() {
+    let (mut net, addr) = server(limits());
+    let mut peer = TcpStream::connect(addr).expect("loopback connect");
+    let conn = opened(&pump(&mut net, Duration::from_millis(200)))
+        .pop()
+        .expect("the connection is accepted");
+    let codec = Codec::new(KEY).expect("HMAC takes a key of any length");
+    peer.write_all(&knock(&codec))
+        .expect("the knock is written");
+    drop(peer); // its end, right behind the frame
+    // Both are in the socket before the loop looks: one signal for the two.
+    std::thread::sleep(Duration::from_millis(100));
+    let events = pump(&mut net, Duration::from_millis(300));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Frame(c, _) if *c == conn)),
+        "the frame is read: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Closed(c) if *c == conn)),
+        "the end behind it is seen: {events:?}"
+    );
+}
