@@ -116,6 +116,21 @@ impl Codec {
         round: u64,
         root: u32,
     ) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out, msg, sender, (session, round, root));
+        out
+    }
+
+    /// As [`Codec::encode`], into `out` (cleared first): a buffer kept from frame to frame
+    /// costs no allocation once it is large enough. `at` is the session, round and root.
+    pub(crate) fn encode_into(
+        &self,
+        out: &mut Vec<u8>,
+        msg: &Message<'_>,
+        sender: u32,
+        at: (u64, u64, u32),
+    ) {
+        let (session, round, root) = at;
         let head = Head {
             kind: msg.kind(),
             sender,
@@ -123,8 +138,10 @@ impl Codec {
             round,
             root,
         };
-        // The payload is written into the frame itself: one allocation per frame.
-        self.encode_with(head, msg.payload_len_hint(), |out| msg.write_payload(out))
+        // The payload is written into the frame itself.
+        self.write_frame(out, head, msg.payload_len_hint(), |out| {
+            msg.write_payload(out);
+        });
     }
 
     /// A frame of `kind` around `payload` as it is (tests: payloads no message writes).
@@ -164,7 +181,21 @@ impl Codec {
     /// bounded by the configuration (far below 4 GiB), so the length fields cannot
     /// overflow.
     fn encode_with(&self, head: Head, hint: usize, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-        let mut out = Vec::with_capacity(PREFIX + FRAME_HEADER + hint + TAG);
+        let mut out = Vec::new();
+        self.write_frame(&mut out, head, hint, payload);
+        out
+    }
+
+    /// [`Codec::encode_with`] into `out`, cleared first.
+    fn write_frame(
+        &self,
+        out: &mut Vec<u8>,
+        head: Head,
+        hint: usize,
+        payload: impl FnOnce(&mut Vec<u8>),
+    ) {
+        out.clear();
+        out.reserve(PREFIX + FRAME_HEADER + hint + TAG);
         out.extend_from_slice(&[0; PREFIX]);
         out.extend_from_slice(MAGIC);
         out.push(head.kind as u8);
@@ -173,7 +204,7 @@ impl Codec {
         out.extend_from_slice(&head.round.to_le_bytes());
         out.extend_from_slice(&head.root.to_le_bytes());
         out.extend_from_slice(&[0; 4]);
-        payload(&mut out);
+        payload(out);
         let payload_len = out.len() - PREFIX - FRAME_HEADER;
         let len = out.len() - PREFIX + TAG;
         out[..PREFIX].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
@@ -186,7 +217,6 @@ impl Codec {
             mac.update(&out[PREFIX..]);
             out.extend_from_slice(&mac.finalize().into_bytes());
         }
-        out
     }
 
     /// The kind of a frame (without its prefix), from its header alone: no tag check.

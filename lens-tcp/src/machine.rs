@@ -24,6 +24,7 @@ use crate::message::{MAX_ARRIVALS, MAX_VOTERS, Message};
 
 use crate::message::Came;
 use crate::tree::Tree;
+pub(crate) use acks::leaf_ack;
 use arrivals::{Arrived, ns_between};
 pub(crate) use io::{Answer, From, Heard, Links, Outcome, Plan, To};
 
@@ -93,9 +94,14 @@ pub(crate) struct RoundMachine {
     outcome: Option<Outcome>,
 }
 
+/// When a rank other than 0 that started a round at `start` stops waiting for its data.
+pub(crate) fn data_deadline(start: Instant, timeout: Duration) -> Instant {
+    start + timeout + timeout / MEMBER_GRACE
+}
+
 /// The bytes of a DATA message the machine uses, moved out of it (the frame is dropped
 /// once used): a copy per round on every rank otherwise.
-fn take_data(msg: &mut Message<'static>) -> Vec<u8> {
+pub(crate) fn take_data(msg: &mut Message<'static>) -> Vec<u8> {
     match msg {
         Message::Data(body) => std::mem::take(body).into_owned(),
         _ => Vec::new(),
@@ -250,7 +256,7 @@ impl RoundMachine {
     }
 
     fn member_deadline(&self) -> Instant {
-        self.start + self.timeout + self.timeout / MEMBER_GRACE
+        data_deadline(self.start, self.timeout)
     }
 
     /// When the step the machine is at gives up; [`RoundMachine::on_time`] then ends it.

@@ -11,9 +11,12 @@ use lens_core::{Disagreement, Error, Result};
 use crate::frame::{Frame, Kind};
 use crate::message::Message;
 use crate::net::{ConnId, Side};
-use crate::state::{Input, OpenRound, RankState};
+use crate::state::{Input, OpenRound, RankState, wire};
 
 use crate::machine::{From, Heard, Links, Outcome, Plan, RoundMachine, To};
+use leaf::Began;
+
+mod leaf;
 
 /// Frames for later rounds kept while a round is in progress, per group member.
 const PENDING_PER_RANK: usize = 4;
@@ -30,8 +33,8 @@ struct GroupLinks<'a> {
 
 impl Links for GroupLinks<'_> {
     fn send(&mut self, to: To, msg: &Message<'_>) -> bool {
-        let bytes = self.g.frame(msg, self.round, self.root);
-        self.g.send_to(to, &bytes)
+        self.g.encode_out(msg, self.round, self.root);
+        self.g.send_out(to)
     }
 
     fn send_each(&mut self, ranks: &[usize], msg: &Message<'_>) -> Vec<bool> {
@@ -39,10 +42,10 @@ impl Links for GroupLinks<'_> {
             return Vec::new(); // a leaf: nothing to sign
         }
         // One frame, signed once, for every rank.
-        let bytes = self.g.frame(msg, self.round, self.root);
+        self.g.encode_out(msg, self.round, self.root);
         ranks
             .iter()
-            .map(|&r| self.g.send_to(To::Rank(r), &bytes))
+            .map(|&r| self.g.send_out(To::Rank(r)))
             .collect()
     }
 }
@@ -63,6 +66,21 @@ impl RankState {
             round,
             root,
         }
+    }
+
+    /// Signs a frame of this rank carrying `msg` into the kept buffer [`RankState::out`].
+    fn encode_out(&mut self, msg: &Message<'_>, round: u64, root: usize) {
+        let at = (self.session(), round, wire(root));
+        let codec = self.net.codec();
+        codec.encode_into(&mut self.out, msg, wire(self.rank), at);
+    }
+
+    /// Sends the kept frame ([`RankState::encode_out`]) to `to`; whether it was queued.
+    fn send_out(&mut self, to: To) -> bool {
+        let out = std::mem::take(&mut self.out);
+        let sent = self.send_to(to, &out);
+        self.out = out;
+        sent
     }
 
     /// Sends over the connection `to` names; whether it was queued.
@@ -90,6 +108,7 @@ impl RankState {
         let earlier = self.finish_open();
         self.round += 1;
         let round = self.round;
+        let start = Instant::now();
         let plan = Plan {
             me: self.rank,
             tree: self.tree,
@@ -99,7 +118,14 @@ impl RankState {
             vote: std::mem::take(&mut self.vote),
             stands_for: self.stands_for.take(),
         };
-        let mut m = RoundMachine::start(&mut self.links(root), plan, payload, Instant::now());
+        let mut first = None;
+        if payload.is_none() && self.is_steady_leaf(root) {
+            match self.leaf_round(&plan, start)? {
+                Began::Delivered(data) => return earlier.and(Ok(data)),
+                Began::Other(input) => first = input,
+            }
+        }
+        let mut m = RoundMachine::start(&mut self.links(root), plan, payload, start);
         // Frames of this round that came before it started here.
         if self.pending.iter().any(|(_, f)| f.round == round) {
             let (early, later): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.pending)
@@ -109,6 +135,9 @@ impl RankState {
             for (conn, f) in early {
                 self.feed(&mut m, root, conn, f);
             }
+        }
+        if let Some(input) = first {
+            self.take_input(&mut m, root, input);
         }
         if queued && root == self.rank && !m.is_over() {
             self.open = Some(OpenRound { m, root });

@@ -63,6 +63,9 @@ pub(crate) struct RankState {
     /// that then waits in vain for the parent names them, the root cause, through the path
     /// up to rank 0, instead of naming the parent.
     pub upstream_missing: Vec<usize>,
+    /// The frame being sent in a round, kept from frame to frame: a round's sends cost no
+    /// allocation (`round.rs`).
+    pub out: Vec<u8>,
 }
 
 pub(crate) use crate::handshake::wire_u32 as wire;
@@ -160,6 +163,7 @@ impl RankState {
             last_seen: if rank == 0 { vec![0; n] } else { Vec::new() },
             open: None,
             upstream_missing: Vec::new(),
+            out: Vec::new(),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::arrivals::few_arrivals;
+use super::arrivals::{Arrived, few_arrivals};
 use super::{Answer, Links, Message, Outcome, RoundMachine, Step, To};
 use crate::message::Came;
 
@@ -123,5 +123,113 @@ impl RoundMachine {
             }
         }
         self.end(Outcome::Missing(missing));
+    }
+}
+
+/// The ack of a rank with no children whose data came at `now`: no rank missing below it,
+/// its own vote, and when it came (`own`: the rank it is shown as, and when), as the
+/// machine's own ack says it; `arrivals` is an empty list to fill (one kept from an
+/// earlier ack costs no allocation).
+pub(crate) fn leaf_ack(
+    me: usize,
+    vote: bool,
+    own: (usize, Instant),
+    now: Instant,
+    mut arrivals: Vec<Came>,
+) -> Message<'static> {
+    arrivals.clear();
+    let came = Arrived {
+        rank: me,
+        shown: own.0,
+        at: own.1,
+    };
+    arrivals.push(came.before(now));
+    Message::Ack {
+        missing: Vec::new(),
+        voted: if vote { vec![me] } else { Vec::new() },
+        arrivals,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::time::{Duration, Instant};
+
+    use super::leaf_ack;
+    use crate::machine::{Heard, Links, Plan, RoundMachine, To};
+    use crate::message::{Came, Message};
+    use crate::tree::Tree;
+
+    /// Links that record what is sent.
+    #[derive(Default)]
+    struct Sent(Vec<(To, Message<'static>)>);
+
+    impl Links for Sent {
+        fn send(&mut self, to: To, msg: &Message<'_>) -> bool {
+            let owned = match msg {
+                Message::Data(d) => Message::Data(Cow::Owned(d.to_vec())),
+                Message::Ack {
+                    missing,
+                    voted,
+                    arrivals,
+                } => Message::Ack {
+                    missing: missing.clone(),
+                    voted: voted.clone(),
+                    arrivals: arrivals.clone(),
+                },
+                other => panic!("a leaf sent {other:?}"),
+            };
+            self.0.push((to, owned));
+            true
+        }
+    }
+
+    /// The leaf's round in `round/leaf.rs` acks with `leaf_ack`: it must say what the
+    /// machine says, or a root would hear another account of its arrivals and votes.
+    #[test]
+    fn a_leafs_ack_is_the_machines() {
+        let start = Instant::now();
+        let later = start + Duration::from_micros(700);
+        // (why, layout, rank, vote, the rank it stands for)
+        let rows: [(&str, Tree, usize, bool, Option<(usize, Instant)>); 4] = [
+            ("a star's member", Tree::new(4, None), 3, false, None),
+            ("a voter", Tree::new(4, None), 2, true, None),
+            ("a tree's leaf", Tree::new(7, Some(2)), 5, false, None),
+            (
+                "standing for rank 9, who came before the round",
+                Tree::new(3, None),
+                1,
+                true,
+                Some((9, start - Duration::from_micros(300))),
+            ),
+        ];
+        for (why, tree, me, vote, stands_for) in rows {
+            assert!(tree.children(me).next().is_none(), "{why}: not a leaf");
+            let plan = Plan {
+                me,
+                tree,
+                round: 5,
+                root: 0,
+                timeout: Duration::from_secs(1),
+                vote,
+                stands_for,
+            };
+            let mut links = Sent::default();
+            let mut m = RoundMachine::start(&mut links, plan, None, start);
+            let mut data = Message::Data(Cow::Owned(b"carrier".to_vec()));
+            let heard = Heard {
+                from: RoundMachine::up(tree, me),
+                sender: tree.parent(me).unwrap_or(0),
+                root: 0,
+                msg: &mut data,
+            };
+            assert!(m.on_frame(&mut links, heard, later), "{why}: data not used");
+            assert!(m.is_over(), "{why}: a leaf is done once it acked");
+            let own = stands_for.unwrap_or((me, start));
+            let ack = leaf_ack(me, vote, own, later, vec![Came::itself(1, 1); 3]);
+            assert_eq!(links.0, vec![(To::Up, ack.clone())], "{why}: what was sent");
+            assert_eq!(m.answers()[0].msg, ack, "{why}: what is said again");
+        }
     }
 }
