@@ -403,6 +403,7 @@ impl Net {
     }
 }
 
+mod alone;
 mod dial;
 mod events;
 mod incoming;

@@ -15,6 +15,7 @@ use super::from_of;
 use crate::frame::Kind;
 use crate::machine::{Answer, Plan, RoundMachine, To, data_deadline, leaf_ack, take_data};
 use crate::message::Message;
+use crate::net::ConnId;
 use crate::state::{Input, RankState};
 
 /// How a leaf's round began.
@@ -36,10 +37,28 @@ impl RankState {
             && !self.pending.iter().any(|(_, f)| f.round == self.round)
     }
 
+    /// The round's first input: the frame that came alone on the connection up, read where
+    /// it lies, when it is of this session; else the event loop's.
+    fn first_input(&mut self, deadline: Instant) -> Result<Option<Input>> {
+        let side = self.up_side();
+        match self.net.recv_alone(side, deadline)? {
+            Some(f) if self.formed() && f.session == self.session() => {
+                Ok(Some(Input::Frame(ConnId::outbound(side), f)))
+            }
+            Some(f) => {
+                // The loop drops it, and says why.
+                self.net.give_back(ConnId::outbound(side), f);
+                self.next(deadline)
+            }
+            None => self.next(deadline),
+        }
+    }
+
     /// Waits for the first input of the round `plan` says (started at `start`); when it is
     /// the parent's data, acknowledges it as the machine would and returns it.
     pub(super) fn leaf_round(&mut self, plan: &Plan, start: Instant) -> Result<Began> {
-        let input = self.next(data_deadline(start, plan.timeout))?;
+        let deadline = data_deadline(start, plan.timeout);
+        let input = self.first_input(deadline)?;
         let Some(Input::Frame(conn, mut f)) = input else {
             return Ok(Began::Other(input));
         };
