@@ -11,7 +11,8 @@ use std::time::Duration;
 
 const KEY: &[u8] = b"net limits test key, 32 bytes!!!";
 
-fn limits() -> Limits {
+/// Limits that no test here reaches by accident (each test changes the one it tests).
+pub(super) fn limits() -> Limits {
     Limits {
         max_frame: 1 << 16,
         handshake: Duration::from_secs(30),

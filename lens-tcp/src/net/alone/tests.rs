@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::super::{ConnId, Event, Limits, Net, Side};
+use super::super::{ConnId, Event, Net, Side};
 use crate::frame::{Codec, Kind};
 use crate::message::Message;
 
@@ -20,15 +20,8 @@ fn codec() -> Codec {
 /// A rank's `Net` whose connection to rank 0 is made and proven, and rank 0's end of it.
 fn proven_client() -> (Net, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("loopback port 0 binds");
-    let limits = Limits {
-        max_frame: 1 << 16,
-        handshake: Duration::from_secs(30),
-        max_unproven: 64,
-        unproven_frames: 16,
-        queue: 64,
-        backlog: 64,
-    };
-    let mut net = Net::new(codec(), limits).expect("an epoll instance is made");
+    let mut net =
+        Net::new(codec(), super::super::tests::limits()).expect("an epoll instance is made");
     net.dial(
         Side::Hub,
         listener
