@@ -119,7 +119,7 @@ impl RankState {
             stands_for: self.stands_for.take(),
         };
         let mut first = None;
-        if payload.is_none() && self.is_steady_leaf(root) {
+        if self.is_steady_leaf(root) {
             match self.leaf_round(&plan, start)? {
                 Began::Delivered(data) => return earlier.and(Ok(data)),
                 Began::Other(input) => first = input,

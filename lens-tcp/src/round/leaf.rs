@@ -28,11 +28,11 @@ pub(super) enum Began {
 
 impl RankState {
     /// Whether this rank's round `root` may begin as a leaf's: a rank other than 0 with
-    /// no children, not the root, with no frame of this round kept from before it.
+    /// no children, not the root (so it has no payload, and no round of its own is open),
+    /// with no frame of this round kept from before it.
     pub(super) fn is_steady_leaf(&self, root: usize) -> bool {
         self.rank != 0
             && root != self.rank
-            && self.open.is_none()
             && self.tree.children(self.rank).next().is_none()
             && !self.pending.iter().any(|(_, f)| f.round == self.round)
     }
