@@ -13,11 +13,83 @@
 //!
 //! Arguments: `lens` or `raw`, the rounds (300), the sweep in MiB (16: twice the simulated
 //! last-level cache).
+//!
+//! Run natively it prints the member thread's CPU time per round (its round only, the sweep
+//! left out: user and system time, so waiting costs nothing), median and mean: what the
+//! round costs a member on this CPU when it starts cold, as in a large group.
+
+// An example's report is what it prints.
+#![allow(clippy::print_stdout)]
 
 use std::error::Error;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
+
+#[allow(unsafe_code)]
+mod clock {
+    /// CPU time the calling thread has used, in ns (user and system).
+    pub(super) fn thread_cpu_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write; the clock id is one every Linux has.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        if rc != 0 {
+            return 0;
+        }
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    }
+
+    /// User and system time the calling thread has used, in µs.
+    pub(super) fn thread_user_sys_us() -> (u64, u64) {
+        // SAFETY: an all-zero rusage is a valid value to overwrite.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid rusage to write.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        if rc != 0 {
+            return (0, 0);
+        }
+        let us = |t: libc::timeval| {
+            u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
+        };
+        (us(ru.ru_utime), us(ru.ru_stime))
+    }
+}
+
+/// The member's CPU per round: one sample a round, its round only.
+#[derive(Default)]
+struct Cpu(Vec<u64>);
+
+impl Cpu {
+    fn time<T>(&mut self, round: impl FnOnce() -> T) -> T {
+        let from = clock::thread_cpu_ns();
+        let out = round();
+        self.0.push(clock::thread_cpu_ns().saturating_sub(from));
+        out
+    }
+
+    fn print(mut self, which: &str, since: (u64, u64)) {
+        let (u, s) = clock::thread_user_sys_us();
+        println!(
+            "{which}: user {} µs, system {} µs in all",
+            u - since.0,
+            s - since.1
+        );
+        self.0.sort_unstable();
+        let n = self.0.len().max(1);
+        let mean = self.0.iter().sum::<u64>() as f64 / n as f64;
+        let median = self.0.get(n / 2).copied().unwrap_or(0);
+        println!(
+            "{which}: member CPU per round: median {:.2} µs, mean {:.2} µs ({} rounds)",
+            median as f64 / 1e3,
+            mean / 1e3,
+            self.0.len()
+        );
+    }
+}
 
 use lens_core::{Broadcaster as _, blocking};
 
@@ -49,14 +121,19 @@ fn raw(rounds: usize, sweep_bytes: usize) -> Result<(), Box<dyn Error>> {
             up.set_nodelay(true)?;
             let mut cold = vec![0u8; sweep_bytes];
             let mut frame = [0u8; CARRIER];
+            let mut cpu = Cpu::default();
+            let since = clock::thread_user_sys_us();
             for _ in 0..rounds {
                 sweep(&mut cold);
-                let mut len = [0u8; 4];
-                up.read_exact(&mut len)?;
-                let n = (u32::from_le_bytes(len) as usize).min(CARRIER);
-                up.read_exact(&mut frame[..n])?;
-                up.write_all(&[1])?;
+                cpu.time(|| -> std::io::Result<()> {
+                    let mut len = [0u8; 4];
+                    up.read_exact(&mut len)?;
+                    let n = (u32::from_le_bytes(len) as usize).min(CARRIER);
+                    up.read_exact(&mut frame[..n])?;
+                    up.write_all(&[1])
+                })?;
             }
+            cpu.print("raw", since);
             Ok(())
         });
         let (mut down, _) = listener.accept()?;
@@ -87,13 +164,19 @@ fn lens(rounds: usize, sweep_bytes: usize) -> Result<(), Box<dyn Error>> {
                 s.spawn(move || -> lens_core::Result<()> {
                     let mine = (b.rank() == 0).then_some(&payload[..]);
                     let mut cold = vec![0u8; if b.rank() == 0 { 0 } else { sweep_bytes }];
+                    let mut cpu = Cpu::default();
+                    let since = clock::thread_user_sys_us();
                     for _ in 0..rounds {
                         if b.rank() == 0 {
                             pause();
+                            std::hint::black_box(blocking::broadcast(b, 0, mine)?);
                         } else {
                             sweep(&mut cold);
+                            std::hint::black_box(cpu.time(|| blocking::broadcast(b, 0, mine))?);
                         }
-                        std::hint::black_box(blocking::broadcast(b, 0, mine)?);
+                    }
+                    if b.rank() != 0 {
+                        cpu.print("lens", since);
                     }
                     Ok(())
                 })

@@ -27,29 +27,37 @@ impl Net {
             if !self.alone_possible(&conn, token) {
                 return Ok(None);
             }
-            let mut buf = std::mem::take(&mut self.read_buf);
-            let Some(stream) = self.up_stream(side) else {
-                self.read_buf = buf;
+            let Some(readable) = self.up_stream(side).map(|s| s.readable) else {
                 return Ok(None);
             };
-            let got = stream.read(&mut buf);
-            let read = match got {
-                Ok(Some(n)) if n > 0 => Some(self.alone(&conn, token, &buf[..n], n == buf.len())),
-                Ok(None) => None,
-                // Its end, or an error: `recv` reads again and finds it.
-                _ => {
-                    self.mark_ended(token);
-                    Some(None)
+            // A connection read dry has nothing until it signals again: no read to learn that.
+            if readable {
+                let mut buf = std::mem::take(&mut self.read_buf);
+                let Some(stream) = self.up_stream(side) else {
+                    self.read_buf = buf;
+                    return Ok(None);
+                };
+                let got = stream.read(&mut buf);
+                let read = match got {
+                    Ok(Some(n)) if n > 0 => {
+                        Some(self.alone(&conn, token, &buf[..n], n == buf.len()))
+                    }
+                    Ok(None) => None,
+                    // Its end, or an error: `recv` reads again and finds it.
+                    _ => {
+                        self.mark_ended(token);
+                        Some(None)
+                    }
+                };
+                self.read_buf = buf;
+                if let Some(frame) = read {
+                    return Ok(frame);
                 }
-            };
-            self.read_buf = buf;
-            if let Some(frame) = read {
-                return Ok(frame);
-            }
-            // Nothing waits on it: drained, until it signals again.
-            self.readable.retain(|&t| t != token);
-            if let Some(s) = self.up_stream(side) {
-                s.readable = false;
+                // Nothing waits on it: drained, until it signals again.
+                self.readable.clear(); // nothing else was in it (`alone_possible`)
+                if let Some(s) = self.up_stream(side) {
+                    s.readable = false;
+                }
             }
             let now = Instant::now();
             if now >= deadline || self.next_expiry().is_some() {
@@ -94,7 +102,7 @@ impl Net {
             let bytes = &chunk[PREFIX..];
             if Codec::peek(bytes) == Ok(Kind::Data) {
                 if let Ok(f) = self.codec.decode(bytes, |k| k == Kind::Data) {
-                    self.readable.retain(|&t| t != token);
+                    self.readable.clear(); // nothing else was in it (`alone_possible`)
                     if let Some(s) = self.up_stream(conn.side) {
                         s.readable = false;
                     }
