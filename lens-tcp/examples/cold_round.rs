@@ -11,8 +11,8 @@
 //!     target/release/examples/cold_round lens 300 16
 //! ```
 //!
-//! Arguments: `lens` or `raw`, the rounds (300), the sweep in MiB (16: twice the simulated
-//! last-level cache).
+//! Arguments: `lens`, `lens_cx` (a trace context's round: the carrier's codec as well) or
+//! `raw`, the rounds (300), the sweep in MiB (16: twice the simulated last-level cache).
 //!
 //! Run natively it prints the member thread's CPU time per round (its round only, the sweep
 //! left out: user and system time, so waiting costs nothing), median and mean: what the
@@ -150,7 +150,22 @@ fn raw(rounds: usize, sweep_bytes: usize) -> Result<(), Box<dyn Error>> {
     })
 }
 
-fn lens(rounds: usize, sweep_bytes: usize) -> Result<(), Box<dyn Error>> {
+/// A context with a sampled span, as a training step's.
+fn source_context() -> opentelemetry::Context {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId};
+    let span = SpanContext::new(
+        TraceId::from(7u128),
+        SpanId::from(9u64),
+        TraceFlags::SAMPLED,
+        false,
+        Default::default(),
+    );
+    opentelemetry::Context::new().with_remote_span_context(span)
+}
+
+/// lens's round of the carrier's bytes, or with `cx` of a trace context (the carrier
+/// injected, encoded and decoded as well).
+fn lens(rounds: usize, sweep_bytes: usize, cx: bool) -> Result<(), Box<dyn Error>> {
     let group = lens_tcp::loopback_group(2, |b| {
         b.key("a job key of at least 16 bytes")
             .timeout(Duration::from_secs(30))
@@ -169,14 +184,25 @@ fn lens(rounds: usize, sweep_bytes: usize) -> Result<(), Box<dyn Error>> {
                     for _ in 0..rounds {
                         if b.rank() == 0 {
                             pause();
-                            std::hint::black_box(blocking::broadcast(b, 0, mine)?);
+                            if cx {
+                                let c = source_context();
+                                std::hint::black_box(blocking::broadcast_context(b, 0, &c)?);
+                            } else {
+                                std::hint::black_box(blocking::broadcast(b, 0, mine)?);
+                            }
                         } else {
                             sweep(&mut cold);
-                            std::hint::black_box(cpu.time(|| blocking::broadcast(b, 0, mine))?);
+                            if cx {
+                                let none = opentelemetry::Context::new();
+                                let got = cpu.time(|| blocking::broadcast_context(b, 0, &none))?;
+                                std::hint::black_box(got);
+                            } else {
+                                std::hint::black_box(cpu.time(|| blocking::broadcast(b, 0, mine))?);
+                            }
                         }
                     }
                     if b.rank() != 0 {
-                        cpu.print("lens", since);
+                        cpu.print(if cx { "lens_cx" } else { "lens" }, since);
                     }
                     Ok(())
                 })
@@ -196,7 +222,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let sweep_mib: usize = args.next().map_or(Ok(16), |a| a.parse())?;
     match which.as_str() {
         "raw" => raw(rounds, sweep_mib << 20),
-        "lens" => lens(rounds, sweep_mib << 20),
-        other => Err(format!("{other}: `lens` or `raw`").into()),
+        "lens" => lens(rounds, sweep_mib << 20, false),
+        "lens_cx" => lens(rounds, sweep_mib << 20, true),
+        other => Err(format!("{other}: `lens`, `lens_cx` or `raw`").into()),
     }
 }
