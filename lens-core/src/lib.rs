@@ -1,8 +1,8 @@
 //! Core of **lens**: make a distributed job (training, inference, HPC) show up as one
 //! OpenTelemetry trace.
 //!
-//! - [`Broadcaster`]: the transport trait every backend implements (MPI, NCCL, ZeroMQ over
-//!   TCP, the in-process backend `lens-local`), usable as `dyn Broadcaster`.
+//! - [`Broadcaster`]: the transport trait every backend implements (MPI, NCCL, TCP, the
+//!   in-process backend `lens-local`), usable as `dyn Broadcaster`.
 //! - [`Carrier`]: the W3C trace-context carrier and its Python-compatible codec.
 //! - [`broadcast_trace_context`]: one rank's current trace context to every rank, in one
 //!   collective.

@@ -28,7 +28,7 @@ const QUEUE: usize = 64;
 /// Ranks of a tree that rank 0 may hold while they wait for their parent to join.
 const FORMING: usize = 32;
 
-/// One rank of a group that broadcasts over ZeroMQ on TCP.
+/// One rank of a group that broadcasts over TCP, on sockets it reads and writes itself.
 ///
 /// Rank 0 binds the rendezvous address; the others connect to it and may join in any order
 /// and at any time within the join timeout. Joining is a mutual challenge-response over

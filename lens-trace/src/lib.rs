@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `local` | `lens::local`: the in-process backend, N ranks of one process (`LocalCluster`) |
 //! | `testkit` | `lens::testkit`: the cluster runner, span capture, fault injection, the conformance suite (enables `local`) |
-//! | `tcp` | `lens::tcp`: ZeroMQ over TCP, authenticated, any rank the root |
+//! | `tcp` | `lens::tcp`: TCP on the process's own sockets, authenticated, any rank the root |
 //! | `mpi` | `lens::mpi`: one collective per carrier over any communicator (direct sends, a persistent broadcast or `MPI_Ibcast`, whichever measures fastest when built), with a deadline |
 //! | `nccl` | `lens::nccl`: one `ncclBroadcast` per carrier on GPU; `Unavailable` without CUDA |
 //! | `otlp` | `lens::otlp`: each rank's spans to an OTLP receiver (gRPC or HTTP, TLS), with the rank resource and a flushing guard |
@@ -110,7 +110,7 @@ pub use lens_otlp as otlp;
 #[cfg(feature = "tracing")]
 pub use lens_tracing as tracing;
 
-/// The ZeroMQ-over-TCP backend (`TcpBroadcaster`).
+/// The TCP backend (`TcpBroadcaster`).
 #[cfg(feature = "tcp")]
 pub use lens_tcp as tcp;
 

@@ -71,7 +71,7 @@ pub(crate) enum ParentArg {
 pub(crate) enum BackendArg {
     /// N ranks in this process.
     Local,
-    /// ZeroMQ over TCP: N processes on 127.0.0.1, or one rank of a real job with --rank.
+    /// TCP: N processes on 127.0.0.1, or one rank of a real job with --rank.
     #[cfg(feature = "tcp")]
     Tcp,
     /// MPI: run under mpirun, one rank per process (the group is MPI_COMM_WORLD).

@@ -1,5 +1,5 @@
-//! ZeroMQ over TCP: a demo job of N processes on 127.0.0.1 (or one rank of a real job with
-//! `--rank`), and the bench against a raw ZeroMQ ROUTER/DEALER exchange. The NCCL backend
+//! TCP: a demo job of N processes on 127.0.0.1 (or one rank of a real job with `--rank`),
+//! and the bench against the same fan-out over bare sockets and over bare ZeroMQ. The NCCL backend
 //! meets its ranks the same way (`nccl.rs`).
 
 use std::time::Duration;
