@@ -166,7 +166,7 @@ impl Word {
         }
         // The last value's opening quote, found from the end: a word is short, and every
         // carrier's last value is looked at (this runs on every rank, sampling or not).
-        let open = bytes.get(..end)?.iter().rposition(|&b| b == b'"')?;
+        let open = memchr::memrchr(b'"', bytes.get(..end)?)?;
         if !bytes.get(..=open)?.ends_with(KEY) {
             return None;
         }
