@@ -17,7 +17,6 @@
 //! the data again, the verdict to the rank on the path that sends the root's data again.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::message::{MAX_ARRIVALS, MAX_VOTERS, Message};
@@ -27,6 +26,7 @@ use crate::tree::Tree;
 pub(crate) use acks::leaf_ack;
 use arrivals::{Arrived, ns_between};
 pub(crate) use io::{Answer, From, Heard, Links, Outcome, Plan, To};
+use owed::Owed;
 
 /// Ranks other than 0 wait this fraction of a timeout longer than rank 0, so that they
 /// hear rank 0's verdict rather than time out on their own.
@@ -65,7 +65,7 @@ pub(crate) struct RoundMachine {
     data: Vec<u8>,
     /// Children sent the data whose ack has not come (a set: rank 0 of a star has N - 1,
     /// and each ack takes one out).
-    waiting: BTreeSet<usize>,
+    waiting: Owed,
     unreached: Vec<usize>,
     missing: Vec<usize>,
     ack_deadline: Instant,
@@ -137,7 +137,7 @@ impl RoundMachine {
             mine: None,
             sent_mine: true,
             data: Vec::new(),
-            waiting: BTreeSet::new(),
+            waiting: Owed::over(tree.children(me)),
             unreached: Vec::new(),
             missing: Vec::new(),
             ack_deadline: now,
@@ -322,7 +322,7 @@ impl RoundMachine {
                     arrivals,
                 },
             ) if from == From::Rank(sender) => {
-                if !self.waiting.remove(&sender) {
+                if !self.waiting.remove(sender) {
                     return false;
                 }
                 // An ack may only speak for the sender's own subtree.
@@ -397,7 +397,7 @@ impl RoundMachine {
             return;
         }
         let before = self.waiting.len() + self.unreached.len();
-        self.waiting.remove(&r);
+        self.waiting.remove(r);
         self.unreached.retain(|&u| u != r);
         if self.waiting.len() + self.unreached.len() < before {
             if links.send(To::Rank(r), &Message::Data(Cow::Borrowed(&self.data))) {
@@ -457,7 +457,7 @@ impl RoundMachine {
             Step::Acks => {
                 let tree = self.tree;
                 let owed = std::mem::take(&mut self.waiting);
-                for c in owed.into_iter().chain(self.unreached.drain(..)) {
+                for c in owed.into_ranks().chain(self.unreached.drain(..)) {
                     self.missing.extend(tree.subtree(c));
                 }
                 self.acks_done(links, now);
@@ -515,6 +515,7 @@ impl RoundMachine {
 mod acks;
 mod arrivals;
 mod io;
+mod owed;
 
 #[cfg(test)]
 mod sim;
