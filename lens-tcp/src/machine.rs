@@ -456,7 +456,8 @@ impl RoundMachine {
             }
             Step::Acks => {
                 let tree = self.tree;
-                let owed = std::mem::take(&mut self.waiting);
+                // Emptied over the same children, as a set still able to take them.
+                let owed = std::mem::replace(&mut self.waiting, Owed::over(tree.children(self.me)));
                 for c in owed.into_ranks().chain(self.unreached.drain(..)) {
                     self.missing.extend(tree.subtree(c));
                 }

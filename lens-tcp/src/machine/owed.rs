@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 /// A set of ranks within the range it was made over.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Owed {
     ranks: Range<usize>,
     bits: Vec<u64>,
