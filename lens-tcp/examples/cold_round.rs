@@ -75,8 +75,8 @@ impl Cpu {
         let (u, s) = clock::thread_user_sys_us();
         println!(
             "{which}: user {} µs, system {} µs in all",
-            u - since.0,
-            s - since.1
+            u.saturating_sub(since.0),
+            s.saturating_sub(since.1)
         );
         self.0.sort_unstable();
         let n = self.0.len().max(1);

@@ -31,33 +31,8 @@ impl Net {
                 return Ok(None);
             };
             // A connection read dry has nothing until it signals again: no read to learn that.
-            if readable {
-                let mut buf = std::mem::take(&mut self.read_buf);
-                let Some(stream) = self.up_stream(side) else {
-                    self.read_buf = buf;
-                    return Ok(None);
-                };
-                let got = stream.read(&mut buf);
-                let read = match got {
-                    Ok(Some(n)) if n > 0 => {
-                        Some(self.alone(&conn, token, &buf[..n], n == buf.len()))
-                    }
-                    Ok(None) => None,
-                    // Its end, or an error: `recv` reads again and finds it.
-                    _ => {
-                        self.mark_ended(token);
-                        Some(None)
-                    }
-                };
-                self.read_buf = buf;
-                if let Some(frame) = read {
-                    return Ok(frame);
-                }
-                // Nothing waits on it: drained, until it signals again.
-                self.readable.clear(); // nothing else was in it (`alone_possible`)
-                if let Some(s) = self.up_stream(side) {
-                    s.readable = false;
-                }
+            if readable && let Some(frame) = self.read_up(side, &conn, token) {
+                return Ok(frame);
             }
             let now = Instant::now();
             if now >= deadline || self.next_expiry().is_some() {
@@ -65,6 +40,33 @@ impl Net {
             }
             self.collect(Some(deadline.saturating_duration_since(now)))?;
         }
+    }
+
+    /// One read of the connection up: `Some` with what [`Net::recv_alone`] returns (the frame,
+    /// or `None` when what came is left for `recv`), `None` when it was dry: then marked so,
+    /// until it signals again.
+    fn read_up(&mut self, side: Side, conn: &ConnId, token: Token) -> Option<Option<Frame>> {
+        let mut buf = std::mem::take(&mut self.read_buf);
+        let got = self.up_stream(side).map(|s| s.read(&mut buf));
+        let read = match got {
+            Some(Ok(Some(n))) if n > 0 => Some(self.alone(conn, token, &buf[..n], n == buf.len())),
+            Some(Ok(None)) => None,
+            // Gone since it was looked at: `recv` finds out.
+            None => Some(None),
+            // Its end, or an error: `recv` reads again and finds it.
+            Some(_) => {
+                self.mark_ended(token);
+                Some(None)
+            }
+        };
+        self.read_buf = buf;
+        if read.is_none() {
+            self.readable.clear(); // nothing else was in it (`alone_possible`)
+            if let Some(s) = self.up_stream(side) {
+                s.readable = false;
+            }
+        }
+        read
     }
 
     /// Whether nothing but the connection under `token` has anything for the loop, and it

@@ -179,3 +179,40 @@ fn nothing_by_the_deadline_is_none_at_the_deadline() {
         "waited {waited:?} for a deadline 100 ms away"
     );
 }
+
+/// Between rounds nobody waits on the connection: a frame that comes then, after the last
+/// read left it dry, is what the next round's wait finds at once (the wait reads a dry
+/// connection only once it signalled, so the signal must not be lost in between).
+#[test]
+fn a_frame_that_came_between_rounds_is_found_at_once() {
+    let (mut net, mut server) = proven_client();
+    for round in 1..=3 {
+        server.write_all(&data(round)).expect("rank 0 writes");
+        let got = net
+            .recv_alone(Side::Hub, Instant::now() + Duration::from_secs(5))
+            .expect("the wait polls without error");
+        assert_eq!(got.map(|f| f.round), Some(round), "round {round}'s frame");
+        // Dry now: a short wait finds nothing, and leaves it marked so.
+        let none = net
+            .recv_alone(Side::Hub, Instant::now() + Duration::from_millis(20))
+            .expect("the wait polls without error");
+        assert!(none.is_none(), "nothing more came in round {round}");
+    }
+    // The next frame comes while nobody waits.
+    server.write_all(&data(4)).expect("rank 0 writes");
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    let got = net
+        .recv_alone(Side::Hub, start + Duration::from_secs(5))
+        .expect("the wait polls without error");
+    assert_eq!(
+        got.map(|f| f.round),
+        Some(4),
+        "the frame that came between rounds"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "found at once, not at the deadline: {:?}",
+        start.elapsed()
+    );
+}
