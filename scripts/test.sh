@@ -12,7 +12,21 @@ export RUST_BACKTRACE=1
 # Keep two cores busy without overcommitting memory-hungry link steps.
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's time, printed when the next begins and together at the end, so that a run
+# shows where the suite's budget goes.
+timings=()
+step_name=""
+step_from=$SECONDS
+step_done() {
+  [ -n "$step_name" ] && timings+=("$(printf '%5d s  %s' $((SECONDS - step_from)) "$step_name")")
+  step_name=""
+}
+step() {
+  step_done
+  step_name="$*"
+  step_from=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
 
 apt_install() {
   # Installs Debian packages that are missing, with `apt-get update` first.
@@ -28,7 +42,7 @@ apt_install() {
   fi
 }
 
-# The lens program's TCP bench (its barrier and the raw_zmq baseline) and the tests' ZeroMQ
+# The lens program's TCP bench (the raw_zmq baseline, the ranks' directory) and the tests' ZeroMQ
 # strangers build libzmq from source (zmq crate): a C++ compiler and make. lens-tcp does not.
 # lens-mpi: Open MPI (the tested implementation) and libclang for rsmpi's bindgen.
 # The OTLP collector test (rotel-agent) and the Python package: PyPI, in a venv made here.
@@ -155,5 +169,9 @@ step "demo smoke run"
 timeout 120 cargo run -q -p lens -- demo --ranks 8 --steps 2 --quiet
 timeout 180 cargo run -q -p lens --features tcp -- demo --backend tcp --ranks 4 --steps 2 --quiet
 
+step_done
 echo
-echo "scripts/test.sh: all checks passed"
+echo "time per step:"
+printf '%s\n' "${timings[@]}"
+echo
+echo "scripts/test.sh: all checks passed in $SECONDS s"
