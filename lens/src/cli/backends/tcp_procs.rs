@@ -18,10 +18,13 @@
 //! directory over ZeroMQ at rank 0, whose address rank 0 sends with one lens broadcast.
 //! Every rank binds its baselines' sockets and its barrier's on ephemeral ports of its
 //! address and tells rank 0 their endpoints; rank 0 sends the table back, and each rank
-//! connects to its parents. The barrier before each round is a tree of fan-out 8 of its own sockets, so
-//! that rank 0, whose CPU is the figure that carries to separate hosts, hears from at most
-//! 8 ranks' barrier messages while its round is timed (a star barrier charged it for every
-//! rank's).
+//! connects to its parents. The barrier before each round is a tree of fan-out 8 over bare
+//! sockets of its own, so that rank 0, whose CPU is the figure that carries to separate
+//! hosts, hears from at most 8 ranks' barrier messages while its round is timed (a star
+//! barrier charged it for every rank's). Until 6 December 2026 it ran over ZeroMQ: at 256
+//! processes its I/O threads cost the machine more CPU than the round it separated and
+//! stretched every timed round (the raw round took 19-21 ms there, 7-8 ms behind bare
+//! sockets), which made lens/raw look closer to 1 than it is (docs/SCALING.md).
 
 use std::io::{BufRead as _, BufReader, Read};
 use std::time::Duration;
@@ -47,30 +50,6 @@ const RANK_LINE: &str = "lens-bench-rank ";
 /// Fan-out of the barrier's tree: whatever lens's layout, rank 0 hears from at most this
 /// many ranks between rounds, so the barrier adds little to the CPU its round is charged.
 const BARRIER_FAN_OUT: usize = 8;
-
-/// A barrier over a tree of its own sockets: "ready" up the tree, then "go" down it.
-struct TreeBarrier(RawTree);
-
-impl TreeBarrier {
-    fn wait(&self) -> Result<(), String> {
-        let t = &self.0;
-        for _ in &t.children {
-            wait_in(&t.down, "barrier")?;
-            t.down.recv_multipart(0).map_err(zerr)?;
-        }
-        if let Some(up) = &t.up {
-            up.send(&b"ready"[..], 0).map_err(zerr)?;
-            wait_in(up, "barrier")?;
-            up.recv_bytes(0).map_err(zerr)?;
-        }
-        for &c in &t.children {
-            t.down
-                .send_multipart([id(c), b"go".to_vec()], 0)
-                .map_err(zerr)?;
-        }
-        Ok(())
-    }
-}
 
 /// Rank `rank`'s sockets of a tree of fan-out `k` over `n` ranks: `down` is already bound,
 /// `endpoint(p)` is parent `p`'s address.
@@ -118,17 +97,13 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     let ctx = zmq::Context::new();
     let raw_ctx = zmq::Context::new();
     let down = socket(&raw_ctx, zmq::ROUTER)?;
-    let bar_down = socket(&ctx, zmq::ROUTER)?;
-    // This rank's line of the directory: its raw ZeroMQ tree's address, its barrier's, its
-    // raw sockets'. Where the other ranks reach this one: its simulated host's address,
+    // This rank's line of the directory: its raw ZeroMQ tree's address, its raw sockets',
+    // its barrier's. Where the other ranks reach this one: its simulated host's address,
     // else loopback.
     let host = std::env::var(lens::tcp::env::HOST).unwrap_or_else(|_| "127.0.0.1".into());
     let (listener, sockets_at) = tcp_raw_sockets::listen(&host)?;
-    let mine = format!(
-        "{} {} {sockets_at}",
-        bound(&down, &host)?,
-        bound(&bar_down, &host)?
-    );
+    let (bar_listener, barrier_at) = tcp_raw_sockets::listen(&host)?;
+    let mine = format!("{} {sockets_at} {barrier_at}", bound(&down, &host)?);
     // The directory: every rank's line, through rank 0 (a star used once).
     // The directory's socket lives as long as the rank: dropped at once (linger 0), it could
     // take the table with it before it left.
@@ -182,19 +157,23 @@ pub(crate) fn rank_main(args: &BenchArgs, plan: &Plan, rank: usize) -> Result<()
     let raw_zmq = tree_of(&raw_ctx, (rank, n, k), down, |p| field(p, 0))?;
     // The raw sockets: each rank connects to its parent, then accepts its children (the
     // kernel holds a connection until it is accepted).
-    let up = match rank {
-        0 => None,
+    let up_at = |fan_out: usize, i: usize| match rank {
+        0 => Ok(None),
         r => {
-            let at = field(parent(r, k), 2).ok_or("no parent in the directory")?;
-            Some(tcp_raw_sockets::up_to(r, &at)?)
+            let at = field(parent(r, fan_out), i).ok_or("no parent in the directory")?;
+            tcp_raw_sockets::up_to(r, &at).map(Some)
         }
     };
-    let raw = tcp_raw_sockets::tree((rank, n, k), &listener, up)?;
-    let barrier = TreeBarrier(tree_of(&ctx, (rank, n, BARRIER_FAN_OUT), bar_down, |p| {
-        field(p, 1)
-    })?);
+    let raw = tcp_raw_sockets::tree((rank, n, k), &listener, up_at(k, 1)?)?;
+    // The barrier: bare sockets too, so that the rounds it separates share the machine
+    // with as little of it as can be.
+    let mut barrier = tcp_raw_sockets::tree(
+        (rank, n, BARRIER_FAN_OUT),
+        &bar_listener,
+        up_at(BARRIER_FAN_OUT, 2)?,
+    )?;
     let mut me = TcpRank { lens, raw, raw_zmq };
-    let timed = run_rank(&mut me, &mut || barrier.wait(), plan)?;
+    let timed = run_rank(&mut me, &mut || barrier.barrier(), plan)?;
     println!(
         "{RANK_LINE}{}",
         json!({"times": timed.times, "cpu_us": timed.cpu_us})

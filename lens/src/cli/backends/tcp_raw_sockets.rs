@@ -89,6 +89,23 @@ fn accept_children(
 }
 
 impl SocketTree {
+    /// A barrier over these sockets: a byte from each child, one up; then one from the
+    /// parent, one to each child.
+    pub(crate) fn barrier(&mut self) -> Result<(), String> {
+        let mut b = [0u8; 1];
+        for s in &mut self.down {
+            s.read_exact(&mut b).map_err(err("barrier: read"))?;
+        }
+        if let Some(up) = &mut self.up {
+            up.write_all(&[1]).map_err(err("barrier: write"))?;
+            up.read_exact(&mut b).map_err(err("barrier: read"))?;
+        }
+        for s in &mut self.down {
+            s.write_all(&[2]).map_err(err("barrier: write"))?;
+        }
+        Ok(())
+    }
+
     /// One raw round from rank 0: down the tree, acknowledged up it.
     pub(crate) fn round(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.frame.clear();
@@ -154,4 +171,41 @@ pub(crate) fn in_process(n: usize, k: usize) -> Result<Vec<SocketTree>, String> 
             })
             .collect())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::in_process;
+
+    #[test]
+    fn no_rank_leaves_the_barrier_before_the_last_comes() {
+        // 20 ranks, fan-out 8: three levels. Each round one rank (a leaf, an interior
+        // rank, rank 0 in turn) comes late; every rank must see all 20 arrivals on leaving.
+        let n = 20;
+        let mut trees = in_process(n, 8).expect("the sockets");
+        let arrived = AtomicUsize::new(0);
+        for (round, late) in [19usize, 1, 0].into_iter().enumerate() {
+            std::thread::scope(|s| {
+                for (rank, t) in trees.iter_mut().enumerate() {
+                    let arrived = &arrived;
+                    s.spawn(move || {
+                        if rank == late {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        t.barrier().expect("the barrier");
+                        let seen = arrived.load(Ordering::SeqCst);
+                        assert!(
+                            seen >= (round + 1) * n,
+                            "round {round}: rank {rank} left having seen {seen} of {} arrivals (rank {late} late)",
+                            (round + 1) * n
+                        );
+                    });
+                }
+            });
+        }
+    }
 }
