@@ -82,8 +82,18 @@ _torch_world: "tuple[Any, Any]" = (None, None)
 # torch.distributed, once imported for the world group.
 _dist: Any = None
 _warned_rank = False
-# Set by run_local: each thread of an in-process cluster has its own rank's group.
-_thread = threading.local()
+
+
+class _ThreadGroup(threading.local):
+    """Set by run_local: each thread of an in-process cluster has its own rank's group."""
+
+    # A class default, so that a thread that never set it reads None without an exception:
+    # a missing attribute of a threading.local makes and drops an AttributeError on every
+    # broadcast (0.7 µs warm, about 5 µs just after a barrier).
+    group: Any = None
+
+
+_thread = _ThreadGroup()
 
 
 class RemoteCarrier(dict):
@@ -132,7 +142,7 @@ def get_group() -> Any:
 
 
 def _find_group() -> Any:
-    group = getattr(_thread, "group", None) or _group
+    group = _thread.group or _group
     if group is not None:
         return group
     # The common case, checked first: the world group made before is still torch's (a
