@@ -44,6 +44,35 @@ def test_the_source_span_names_the_straggler():
     assert [e.attributes["lens.round.rank"] for e in late] == [2], "punctual ranks are not named"
 
 
+def test_a_context_passed_to_the_source_gets_the_arrivals_not_the_current_span():
+    # The source looks its span up once, for the carrier and for the arrivals after the
+    # round: with context=, both come from that context, not from the span current there.
+    exporter = InMemorySpanExporter()
+    tracer = provider_with(exporter).get_tracer("test")
+    from opentelemetry import trace
+
+    def rank_main(rank):
+        if rank == 1:
+            time.sleep(0.03)
+        if rank != 0:
+            return dict(broadcast_trace_context(rank, src_rank=0))
+        step = tracer.start_span("train_step")
+        cx = trace.set_span_in_context(step)
+        try:
+            with tracer.start_as_current_span("elsewhere"):
+                return dict(broadcast_trace_context(rank, src_rank=0, context=cx))
+        finally:
+            step.end()
+
+    got = lens_trace.run_local(2, rank_main, timeout=10)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    step, elsewhere = spans["train_step"], spans["elsewhere"]
+    assert step.attributes["lens.round.last_rank"] == 1
+    assert "lens.round.last_rank" not in elsewhere.attributes, "the current span is not the context's"
+    want = f"{step.context.span_id:016x}"
+    assert all(c["traceparent"].split("-")[2] == want for c in got), got
+
+
 def test_a_timeout_leaves_a_hang_report_first():
     exporter = InMemorySpanExporter()
     provider = provider_with(exporter)

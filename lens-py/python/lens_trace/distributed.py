@@ -226,13 +226,17 @@ def inject_carrier(context: Optional[Context] = None) -> dict:
     return carrier
 
 
-def _w3c_parts(context: Optional[Context]) -> "tuple[Optional[tuple[int, int, int]], Optional[str], Optional[str]]":
+def _w3c_parts(
+    context: Optional[Context], span: Optional[trace.Span] = None
+) -> "tuple[Optional[tuple[int, int, int]], Optional[str], Optional[str]]":
     """What the default W3C pair injects from ``context`` (or the current one), in parts:
     the span context's ids and flags where it is valid, its tracestate header, the baggage
-    header."""
+    header. ``span``: the context's current span, where the caller has it already."""
     if context is None:
         context = get_current()  # once, for the span and the baggage
-    sc = trace.get_current_span(context).get_span_context()
+    if span is None:
+        span = trace.get_current_span(context)
+    sc = span.get_span_context()
     ids = tracestate = header = None
     if sc.is_valid:
         ids = (sc.trace_id, sc.span_id, sc.trace_flags)
@@ -332,11 +336,18 @@ def broadcast_trace_context(
         rank = g.rank
     if src_rank >= g.world_size:
         raise ValueError(f"src_rank {src_rank} is outside a group of {g.world_size} rank(s)")
+    span = None
+    if rank == src_rank:
+        # Looked up once, for the carrier and for the arrivals written on the span after:
+        # the call is synchronous, so neither can change in between.
+        if context is None:
+            context = get_current()
+        span = trace.get_current_span(context)
     w3c = getattr(g, "broadcast_w3c", None)
     if w3c is not None and _default_textmap(propagate.get_global_textmap()):
         # The default pair: the carrier written natively from the span context's parts and
         # filled into the result, the same carrier with no dict made and read on the way.
-        parts = _w3c_parts(context) if rank == src_rank else (None, None, None)
+        parts = _w3c_parts(context, span) if rank == src_rank else (None, None, None)
         got: Optional[RemoteCarrier] = _new_remote_carrier(src_rank)
     else:
         mine = inject_carrier(context) if rank == src_rank else None
@@ -354,7 +365,7 @@ def broadcast_trace_context(
         round_failed(g)
         raise
     if rank == src_rank:
-        record_arrivals(g, context)
+        record_arrivals(g, context, span)
     after_round(g)
     return got
 

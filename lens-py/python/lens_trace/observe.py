@@ -103,8 +103,9 @@ def open_spans() -> List[Tuple[str, int]]:
     return sorted(spans, key=lambda s: (s[1], s[0]))
 
 
-def record_arrivals(group: Any, context: Optional[Context]) -> None:
-    """The source, after its broadcast: how the ranks came, on its current span."""
+def record_arrivals(group: Any, context: Optional[Context], span: Optional[trace.Span] = None) -> None:
+    """The source, after its broadcast: how the ranks came, on its current span (``span``,
+    where the caller has it already)."""
     take = getattr(group, "take_arrivals", None)
     if take is None:
         return
@@ -115,7 +116,8 @@ def record_arrivals(group: Any, context: Optional[Context]) -> None:
     if got is None:
         return
     last_rank, spread_ns, ranks = got
-    span = trace.get_current_span(context)
+    if span is None:
+        span = trace.get_current_span(context)
     if not span.is_recording():
         return
     # Two calls, not one `set_attributes`: the SDK (1.45) cleans a mapping as one value
