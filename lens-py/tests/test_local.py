@@ -207,6 +207,31 @@ def test_without_a_group_the_broadcast_returns_none_as_nemo_lens_does():
         lens_trace.get_group()
 
 
+def test_a_rank_thread_finds_its_own_group_and_other_threads_the_process_one():
+    # Under run_local each rank's thread has its own group; a thread that never ran a rank
+    # (the main one, a new one) finds the one set_group chose, before, during and after.
+    import threading
+
+    (process_group,) = lens_trace.local_cluster(1, timeout=1)
+    lens_trace.set_group(process_group)
+    try:
+        seen_outside = []
+
+        def rank_main(rank):
+            t = threading.Thread(target=lambda: seen_outside.append(lens_trace.get_group()))
+            t.start()
+            t.join()
+            return lens_trace.get_group().rank, lens_trace.get_group() is process_group
+
+        assert lens_trace.get_group() is process_group
+        assert lens_trace.run_local(2, rank_main, timeout=5) == [(0, False), (1, False)]
+        assert seen_outside == [process_group, process_group]
+        assert lens_trace.get_group() is process_group
+    finally:
+        lens_trace.set_group(None)
+        process_group.close()
+
+
 def test_a_closed_group_refuses_calls():
     (g,) = lens_trace.local_cluster(1, timeout=1)
     with g:

@@ -3,7 +3,8 @@
 //! beyond a length, no authentication, no round numbers. Each parent writes the bytes to
 //! its children and acknowledges up (one byte) once they all have; rank 0's round ends with
 //! its children's acks, as lens's does. The same code runs the ranks as threads and as
-//! processes.
+//! processes. With `--processes` the bench's barrier is a tree of these sockets too
+//! ([`SocketTree::barrier`]), so that nothing heavier than the baseline runs between rounds.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
