@@ -373,8 +373,10 @@ fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
 /// once its data is queued: a rank missing from that round is named by the source's next
 /// call (or logged when the group closes), and the source's span gets no straggler
 /// attributes; the default `"delivered"` waits for every rank's acknowledgement.
+/// `spin_us` (`LENS_TCP_SPIN_US`, default 100) is how long each wait of a round polls
+/// before it sleeps; 0: never.
 #[pyfunction]
-#[pyo3(signature = (*, rank=None, world_size=None, addr=None, key=None, timeout=None, join_timeout=None, fan_out=None, source_returns=None))]
+#[pyo3(signature = (*, rank=None, world_size=None, addr=None, key=None, timeout=None, join_timeout=None, fan_out=None, source_returns=None, spin_us=None))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments, each optional.
 pub(crate) fn tcp_group(
     py: Python<'_>,
@@ -386,6 +388,7 @@ pub(crate) fn tcp_group(
     join_timeout: Option<f64>,
     fan_out: Option<usize>,
     source_returns: Option<&str>,
+    spin_us: Option<i64>,
 ) -> PyResult<Group> {
     let mut b = TcpConfigBuilder::from_env();
     if let Some(r) = rank {
@@ -417,6 +420,12 @@ pub(crate) fn tcp_group(
     }
     if let Some(when) = source_returns {
         b = b.source_returns(SourceReturns::parse(when).py(py)?);
+    }
+    if let Some(us) = spin_us {
+        let us = u64::try_from(us).map_err(|_| {
+            PyValueError::new_err(format!("spin_us must be 0 or more microseconds, not {us}"))
+        })?;
+        b = b.spin(Duration::from_micros(us));
     }
     let config = b.build().py(py)?;
     let deadline = config.timeout();

@@ -92,6 +92,26 @@ def test_an_unknown_source_returns_value_is_refused_naming_the_values():
         lens_trace.tcp_group(rank=0, world_size=2, addr="127.0.0.1:1", key=KEY, source_returns="later")
 
 
+def test_spin_us_reaches_the_group_and_a_bad_one_is_refused(monkeypatch):
+    import pytest
+
+    import lens_trace
+
+    group = dict(rank=0, world_size=2, addr="127.0.0.1:1", key=KEY)
+    with pytest.raises(lens_trace.ConfigError, match="LENS_TCP_SPIN_US"):
+        lens_trace.tcp_group(spin_us=20_000, **group)
+    with pytest.raises(ValueError, match="spin_us must be 0 or more"):
+        lens_trace.tcp_group(spin_us=-1, **group)
+    monkeypatch.setenv("LENS_TCP_SPIN_US", "fast")
+    with pytest.raises(lens_trace.ConfigError) as e:
+        lens_trace.tcp_group(**group)
+    assert e.value.setting == "LENS_TCP_SPIN_US", e.value
+    monkeypatch.setenv("LENS_TCP_SPIN_US", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(lens_trace.ConfigError, match="local world size of 3"):
+        lens_trace.tcp_group(**group)
+
+
 def test_a_rank_with_the_wrong_key_never_gets_a_carrier(procs: Procs):
     world, port = 2, free_port()
     procs.start(python_cmd("tcp_probe.py"), rank_env(0, world, port, LENS_TCP_JOIN_TIMEOUT="3"))

@@ -129,7 +129,14 @@ impl TcpBroadcaster {
             queue: QUEUE,
             backlog: listen_queue(max_unproven, joiners),
         };
-        let mut net = Net::new(codec, limits)?;
+        let mut net = Net::new(
+            codec,
+            limits,
+            spin_for(
+                &config,
+                std::thread::available_parallelism().map_or(1, usize::from),
+            ),
+        )?;
         let addrs = resolve(&config.addr)?;
         let mut local_addr = None;
         let mut endpoint = String::new();
@@ -205,6 +212,20 @@ impl Drop for TcpBroadcaster {
             tracing::warn!(rank = self.rank, error = %e, "the last round this rank was the source of failed");
         }
     }
+}
+
+/// How long a round's waits poll: none where the group's ranks on this host outnumber the
+/// CPUs this process may use (`net/spin.rs`).
+fn spin_for(config: &TcpConfig, cpus: usize) -> Duration {
+    if config.local_world_size > cpus {
+        tracing::debug!(
+            local_world_size = config.local_world_size,
+            cpus,
+            "more ranks on this host than CPUs: rounds sleep without polling"
+        );
+        return Duration::ZERO;
+    }
+    config.spin
 }
 
 /// Rank 0 cannot bind the rendezvous address: say which variables choose it, since under

@@ -17,6 +17,11 @@ pub const MAX_WORLD: usize = 1 << 20;
 pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time rank 0 waits for every rank to join (and the others for admission).
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default busy-polling of a round's wait before it sleeps ([`TcpConfigBuilder::spin`]).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+/// Longest busy-polling a configuration may set: longer is no longer a wait for a frame on
+/// its way but a core spent.
+pub const MAX_SPIN: Duration = Duration::from_millis(10);
 
 /// `host:port` split, an IPv6 host without its brackets.
 pub(crate) fn split_host_port(addr: &str) -> Option<(&str, u16)> {
@@ -42,6 +47,8 @@ pub struct TcpConfig {
     pub(crate) fan_out: Option<usize>,
     pub(crate) advertise_host: Option<String>,
     pub(crate) source_returns: SourceReturns,
+    pub(crate) spin: Duration,
+    pub(crate) local_world_size: usize,
 }
 
 /// When the source's `broadcast` returns ([`TcpConfigBuilder::source_returns`]).
@@ -99,6 +106,8 @@ impl fmt::Debug for TcpConfig {
             .field("fan_out", &self.fan_out)
             .field("advertise_host", &self.advertise_host)
             .field("source_returns", &self.source_returns)
+            .field("spin", &self.spin)
+            .field("local_world_size", &self.local_world_size)
             .finish()
     }
 }
@@ -154,6 +163,17 @@ impl TcpConfig {
     pub fn source_returns(&self) -> SourceReturns {
         self.source_returns
     }
+
+    /// How long a round's wait polls before it sleeps ([`TcpConfigBuilder::spin`]).
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    /// The group's ranks on this rank's host ([`TcpConfigBuilder::local_world_size`]; the
+    /// world size when not given).
+    pub fn local_world_size(&self) -> usize {
+        self.local_world_size
+    }
 }
 
 /// Builds a [`TcpConfig`]. Settings made in code override the environment.
@@ -171,6 +191,8 @@ pub struct TcpConfigBuilder {
     fan_out: Option<usize>,
     advertise_host: Option<String>,
     source_returns: Option<SourceReturns>,
+    spin: Option<Duration>,
+    local_world_size: Option<usize>,
     /// Malformed environment settings, by field; a setter for the field clears its entry.
     env_errors: EnvErrors,
 }
@@ -187,6 +209,8 @@ impl fmt::Debug for TcpConfigBuilder {
             .field("fan_out", &self.fan_out)
             .field("advertise_host", &self.advertise_host)
             .field("source_returns", &self.source_returns)
+            .field("spin", &self.spin)
+            .field("local_world_size", &self.local_world_size)
             .finish_non_exhaustive()
     }
 }
@@ -199,7 +223,8 @@ impl TcpConfigBuilder {
     /// - key: [`env::KEY`], else the file named by [`env::KEY_FILE`] (see the crate docs
     ///   for the encodings);
     /// - optional [`env::TIMEOUT`] and [`env::JOIN_TIMEOUT`] (seconds), [`env::FAN_OUT`],
-    ///   [`env::HOST`] and [`env::SOURCE_RETURNS`].
+    ///   [`env::HOST`], [`env::SOURCE_RETURNS`] and [`env::SPIN_US`] (microseconds);
+    /// - the local world size: the first of [`env::LOCAL_WORLD_SIZE`] that is set.
     ///
     /// Nothing fails here: a missing or malformed variable is reported by
     /// [`TcpConfigBuilder::build`], naming the variable, unless code sets that field.
@@ -276,6 +301,32 @@ impl TcpConfigBuilder {
             match SourceReturns::parse(&t) {
                 Ok(s) => b.source_returns = Some(s),
                 Err(e) => b.env_errors.note_error("source_returns", e),
+            }
+        }
+        if let Some((var, t)) = env::LOCAL_WORLD_SIZE
+            .iter()
+            .find_map(|&var| text(var).map(|t| (var, t)))
+        {
+            match t.trim().parse::<usize>() {
+                Ok(n) => b.local_world_size = Some(n),
+                Err(_) => {
+                    let why = format!("{var}={t:?} is not a whole number");
+                    b.env_errors
+                        .note_error("local_world_size", Error::config_for(var, why));
+                }
+            }
+        }
+        if let Some(t) = text(env::SPIN_US) {
+            match t.trim().parse::<u64>() {
+                Ok(us) => b.spin = Some(Duration::from_micros(us)),
+                Err(_) => {
+                    let why = format!(
+                        "{}={t:?} is not a whole number of microseconds",
+                        env::SPIN_US
+                    );
+                    b.env_errors
+                        .note_error("spin", Error::config_for(env::SPIN_US, why));
+                }
             }
         }
         b
@@ -369,13 +420,37 @@ impl TcpConfigBuilder {
         self
     }
 
+    /// How long each wait of a round polls for its frame before it sleeps (environment:
+    /// [`env::SPIN_US`], in microseconds; default [`DEFAULT_SPIN`]; at most [`MAX_SPIN`];
+    /// zero: never). Sleeping, a rank pays a wake-up after its frame came (tens of µs on a
+    /// VM); polling, it pays the CPU it polls on. Only a round's waits poll; none poll
+    /// where the group has more ranks on this host ([`TcpConfigBuilder::local_world_size`])
+    /// than the CPUs this process may use, and a rank whose waits keep outlasting twice
+    /// the spin stops polling until one ends sooner (a member waiting for a slow source).
+    pub fn spin(mut self, d: Duration) -> Self {
+        self.spin = Some(d);
+        self.env_errors.clear("spin");
+        self
+    }
+
+    /// How many of the group's ranks run on this rank's host (environment: the first of
+    /// [`env::LOCAL_WORLD_SIZE`] set, as torchrun, Open MPI, MPICH and Slurm set them;
+    /// default: the world size, as if every rank shared the host). Used only to decide
+    /// whether a round's waits may poll ([`TcpConfigBuilder::spin`]).
+    pub fn local_world_size(mut self, n: usize) -> Self {
+        self.local_world_size = Some(n);
+        self.env_errors.clear("local_world_size");
+        self
+    }
+
     /// The configuration.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing field or a malformed environment variable (named), a
     /// rank not below the world size, a world over [`MAX_WORLD`], a short key, an address
-    /// that is not `host:port`, or a timeout that is zero or over
-    /// [`lens_core::backend::MAX_TIMEOUT`].
+    /// that is not `host:port`, a timeout that is zero or over
+    /// [`lens_core::backend::MAX_TIMEOUT`], a spin over [`MAX_SPIN`], or a local world size
+    /// of 0 or over the world size.
     pub fn build(self) -> Result<TcpConfig> {
         self.env_errors.check()?;
         let world_size = self
@@ -429,6 +504,21 @@ impl TcpConfigBuilder {
         if self.fan_out == Some(0) {
             return Err(Error::config("fan-out must be at least 1"));
         }
+        let local_world_size = self.local_world_size.unwrap_or(world_size);
+        if local_world_size == 0 || local_world_size > world_size {
+            return Err(Error::config(format!(
+                "a local world size of {local_world_size} is not between 1 and the world size, {world_size}"
+            )));
+        }
+        let spin = self.spin.unwrap_or(DEFAULT_SPIN);
+        if spin > MAX_SPIN {
+            return Err(Error::config(format!(
+                "a spin of {} µs (spin, {}) is over the most allowed, {} µs: a longer one spends a core, not a wait",
+                spin.as_micros(),
+                env::SPIN_US,
+                MAX_SPIN.as_micros()
+            )));
+        }
         Ok(TcpConfig {
             rank,
             world_size,
@@ -441,6 +531,8 @@ impl TcpConfigBuilder {
             fan_out: self.fan_out,
             advertise_host: self.advertise_host,
             source_returns: self.source_returns.unwrap_or_default(),
+            spin,
+            local_world_size,
         })
     }
 }

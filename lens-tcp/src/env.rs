@@ -22,3 +22,15 @@ pub const HOST: &str = "LENS_TCP_HOST";
 /// When the source's broadcast returns: `delivered` (the default) or `queued`; see
 /// [`SourceReturns`](crate::SourceReturns).
 pub const SOURCE_RETURNS: &str = "LENS_TCP_SOURCE_RETURNS";
+/// How long a round's wait polls before it sleeps, in microseconds (`0`: never); see
+/// [`TcpConfigBuilder::spin`](crate::TcpConfigBuilder::spin).
+pub const SPIN_US: &str = "LENS_TCP_SPIN_US";
+/// The group's ranks on this host, as launchers set it, in the order read: torchrun's,
+/// Open MPI's, MPICH's (Hydra), Slurm's (with `--ntasks-per-node`). See
+/// [`TcpConfigBuilder::local_world_size`](crate::TcpConfigBuilder::local_world_size).
+pub const LOCAL_WORLD_SIZE: [&str; 4] = [
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+];

@@ -137,6 +137,8 @@ pub(crate) struct Net {
     unproven: VecDeque<(Instant, ConnId)>,
     /// The last read pass left nothing that had signalled unread.
     drained: bool,
+    /// How a round's waits poll before they sleep.
+    spin: Spin,
 }
 
 impl std::fmt::Debug for Net {
@@ -153,7 +155,7 @@ impl std::fmt::Debug for Net {
 impl Net {
     /// # Errors
     /// When the system gives no epoll instance (out of descriptors).
-    pub(crate) fn new(codec: Codec, limits: Limits) -> Result<Net> {
+    pub(crate) fn new(codec: Codec, limits: Limits, spin: Duration) -> Result<Net> {
         Ok(Net {
             poll: Poll::new().map_err(socket_err("make an epoll instance"))?,
             ready: Events::with_capacity(256),
@@ -171,7 +173,13 @@ impl Net {
             events: VecDeque::new(),
             unproven: VecDeque::new(),
             drained: true,
+            spin: Spin::new(spin),
         })
+    }
+
+    /// Whether waits may poll before they sleep: set for a round, cleared after it.
+    pub(crate) fn set_round_waits(&mut self, on: bool) {
+        self.spin.arm(on);
     }
 
     pub(crate) fn codec(&self) -> &Codec {
@@ -409,9 +417,11 @@ mod events;
 mod incoming;
 mod limits;
 mod socket;
+mod spin;
 mod watch;
 
 pub(crate) use limits::Limits;
+use spin::Spin;
 
 #[cfg(test)]
 mod tests;

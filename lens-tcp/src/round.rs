@@ -105,6 +105,19 @@ impl RankState {
         timeout: Duration,
         queued: bool,
     ) -> Result<Vec<u8>> {
+        self.net.set_round_waits(true);
+        let result = self.round_body(root, payload, timeout, queued);
+        self.net.set_round_waits(false);
+        result
+    }
+
+    fn round_body(
+        &mut self,
+        root: usize,
+        payload: Option<&[u8]>,
+        timeout: Duration,
+        queued: bool,
+    ) -> Result<Vec<u8>> {
         let earlier = self.finish_open();
         self.round += 1;
         let round = self.round;

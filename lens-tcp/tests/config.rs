@@ -282,3 +282,147 @@ fn a_taken_rendezvous_port_names_lens_tcp_addr() {
         "{text}"
     );
 }
+
+/// `LENS_TCP_SPIN_US` and the launchers' local world size: one row per case, the spin and
+/// local world size built, or the words the error must hold.
+#[test]
+fn spin_and_local_world_size_from_the_environment_and_from_code() {
+    use lens_tcp::{DEFAULT_SPIN, MAX_SPIN, TcpConfigBuilder};
+    type Want = Result<(Duration, usize), &'static [&'static str]>;
+    let us = Duration::from_micros;
+    let rows: Vec<(
+        &str,
+        Vec<(&str, &str)>,
+        Option<fn(TcpConfigBuilder) -> TcpConfigBuilder>,
+        Want,
+    )> = vec![
+        (
+            "the defaults: 100 µs, the whole world local",
+            vec![],
+            None,
+            Ok((DEFAULT_SPIN, 8)),
+        ),
+        (
+            "a spin from the environment",
+            vec![("LENS_TCP_SPIN_US", " 250 ")],
+            None,
+            Ok((us(250), 8)),
+        ),
+        (
+            "0 turns polling off",
+            vec![("LENS_TCP_SPIN_US", "0")],
+            None,
+            Ok((Duration::ZERO, 8)),
+        ),
+        (
+            "a malformed spin names its variable",
+            vec![("LENS_TCP_SPIN_US", "50us")],
+            None,
+            Err(&["LENS_TCP_SPIN_US=\"50us\"", "microseconds"]),
+        ),
+        (
+            "code fixes a malformed spin",
+            vec![("LENS_TCP_SPIN_US", "fast")],
+            Some(|b| b.spin(Duration::from_micros(30))),
+            Ok((us(30), 8)),
+        ),
+        (
+            "a spin over the most allowed",
+            vec![("LENS_TCP_SPIN_US", "10001")],
+            None,
+            Err(&["10001 µs", "LENS_TCP_SPIN_US", "10000 µs"]),
+        ),
+        (
+            "the most allowed",
+            vec![("LENS_TCP_SPIN_US", "10000")],
+            None,
+            Ok((MAX_SPIN, 8)),
+        ),
+        (
+            "torchrun's local world size",
+            vec![("LOCAL_WORLD_SIZE", "4")],
+            None,
+            Ok((DEFAULT_SPIN, 4)),
+        ),
+        (
+            "torchrun's comes before Open MPI's",
+            vec![
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                ("LOCAL_WORLD_SIZE", "4"),
+            ],
+            None,
+            Ok((DEFAULT_SPIN, 4)),
+        ),
+        (
+            "Open MPI's",
+            vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "2")],
+            None,
+            Ok((DEFAULT_SPIN, 2)),
+        ),
+        (
+            "MPICH's",
+            vec![("MPI_LOCALNRANKS", "3")],
+            None,
+            Ok((DEFAULT_SPIN, 3)),
+        ),
+        (
+            "Slurm's",
+            vec![("SLURM_NTASKS_PER_NODE", "1")],
+            None,
+            Ok((DEFAULT_SPIN, 1)),
+        ),
+        (
+            "a malformed local world size names its variable",
+            vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "two")],
+            None,
+            Err(&["OMPI_COMM_WORLD_LOCAL_SIZE=\"two\""]),
+        ),
+        (
+            "a local world larger than the world",
+            vec![("LOCAL_WORLD_SIZE", "9")],
+            None,
+            Err(&["local world size of 9", "world size, 8"]),
+        ),
+        (
+            "no rank on this host",
+            vec![("LOCAL_WORLD_SIZE", "0")],
+            None,
+            Err(&["local world size of 0"]),
+        ),
+        (
+            "code wins over the launcher",
+            vec![("LOCAL_WORLD_SIZE", "4")],
+            Some(|b| b.local_world_size(1)),
+            Ok((DEFAULT_SPIN, 1)),
+        ),
+    ];
+    for (why, extra, code, want) in rows {
+        let lookup = |k: &str| {
+            let base = [
+                ("RANK", "0"),
+                ("WORLD_SIZE", "8"),
+                ("LENS_TCP_ADDR", "127.0.0.1:1"),
+                ("LENS_TCP_KEY", KEY),
+            ];
+            extra
+                .iter()
+                .chain(base.iter())
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let mut b = TcpConfigBuilder::from_vars(lookup);
+        if let Some(code) = code {
+            b = code(b);
+        }
+        match (b.build(), want) {
+            (Ok(c), Ok(want)) => assert_eq!((c.spin(), c.local_world_size()), want, "{why}"),
+            (Err(e), Err(words)) => {
+                let text = e.to_string();
+                for w in words {
+                    assert!(text.contains(w), "{why}: {text:?} lacks {w:?}");
+                }
+            }
+            (got, want) => panic!("{why}: got {got:?}, want {want:?}"),
+        }
+    }
+}

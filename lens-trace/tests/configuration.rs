@@ -23,6 +23,7 @@ fn is_variable(name: &str) -> bool {
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
         "HOSTNAME",
         "CUDA_VISIBLE_DEVICES",
         "TRACEPARENT",

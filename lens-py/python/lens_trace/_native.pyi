@@ -72,6 +72,7 @@ def tcp_group(
     join_timeout: Optional[float] = None,
     fan_out: Optional[int] = None,
     source_returns: Optional[str] = None,
+    spin_us: Optional[int] = None,
 ) -> Group: ...
 def local_cluster(world_size: int, *, timeout: Optional[float] = None) -> List[Group]: ...
 def callback_group(

@@ -174,3 +174,47 @@ fn an_ack_may_only_speak_for_its_own_subtree() {
         assert_eq!(r.expect("no rank fails").as_slice(), b"step", "rank {rank}");
     }
 }
+
+#[test]
+fn rounds_poll_only_where_the_hosts_ranks_have_a_cpu_each() {
+    let with = |world: usize, local: Option<usize>| {
+        let mut b = TcpConfig::builder()
+            .rank(0)
+            .world_size(world)
+            .addr("127.0.0.1:0")
+            .key(KEY)
+            .spin(Duration::from_micros(80));
+        if let Some(l) = local {
+            b = b.local_world_size(l);
+        }
+        b.build().expect("every setting is given and valid")
+    };
+    let rows = [
+        (
+            with(2, None),
+            2,
+            80,
+            "2 ranks, 2 CPUs: the whole group counts as local",
+        ),
+        (
+            with(4, None),
+            2,
+            0,
+            "4 ranks, 2 CPUs, no launcher size: assumed all on this host",
+        ),
+        (
+            with(64, Some(8)),
+            16,
+            80,
+            "8 of 64 ranks on a host with 16 CPUs",
+        ),
+        (with(64, Some(8)), 4, 0, "8 ranks on a host with 4 CPUs"),
+    ];
+    for (config, cpus, want_us, why) in rows {
+        assert_eq!(
+            spin_for(&config, cpus),
+            Duration::from_micros(want_us),
+            "{why}"
+        );
+    }
+}

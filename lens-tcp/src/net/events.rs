@@ -13,12 +13,21 @@ use crate::error::socket_err;
 
 impl Net {
     /// Waits up to `timeout` for readiness and notes what signalled.
+    /// Within a round, a wait first polls without sleeping (`spin.rs`).
     pub(super) fn collect(&mut self, timeout: Option<Duration>) -> Result<()> {
-        match self.poll.poll(&mut self.ready, timeout) {
-            Ok(()) => {}
-            // A signal: the caller goes round again (training jobs install handlers).
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
-            Err(e) => return Err(socket_err("poll")(e)),
+        let waits = timeout.is_none_or(|t| !t.is_zero());
+        let start = (waits && self.spin.active()).then(Instant::now);
+        let polled = self.poll_first(timeout, start)?;
+        if !polled {
+            match self.poll.poll(&mut self.ready, timeout) {
+                Ok(()) => {}
+                // A signal: the caller goes round again (training jobs install handlers).
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+                Err(e) => return Err(socket_err("poll")(e)),
+            }
+        }
+        if let Some(start) = start {
+            self.spin.record(start.elapsed(), !self.ready.is_empty());
         }
         let ready = std::mem::replace(&mut self.ready, Events::with_capacity(0));
         for ev in &ready {
@@ -43,6 +52,30 @@ impl Net {
         }
         self.ready = ready;
         Ok(())
+    }
+
+    /// Polls without sleeping for what the spin allows a wait begun at `start` (`None`:
+    /// none); whether that found something (then `ready` holds it).
+    fn poll_first(&mut self, timeout: Option<Duration>, start: Option<Instant>) -> Result<bool> {
+        let Some(start) = start else {
+            return Ok(false);
+        };
+        let allowance = self.spin.allowance(timeout);
+        if allowance.is_zero() {
+            return Ok(false);
+        }
+        loop {
+            match self.poll.poll(&mut self.ready, Some(Duration::ZERO)) {
+                Ok(()) if !self.ready.is_empty() => return Ok(true),
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(socket_err("poll")(e)),
+            }
+            if start.elapsed() >= allowance {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// The connection under `token` signalled its end: read until the end is seen.

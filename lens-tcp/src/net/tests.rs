@@ -27,6 +27,7 @@ fn server(limits: Limits) -> (Net, SocketAddr) {
     let mut net = Net::new(
         Codec::new(KEY).expect("HMAC takes a key of any length"),
         limits,
+        Duration::ZERO,
     )
     .expect("an epoll instance is made");
     let addr = net

@@ -20,8 +20,8 @@ fn codec() -> Codec {
 /// A rank's `Net` whose connection to rank 0 is made and proven, and rank 0's end of it.
 fn proven_client() -> (Net, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("loopback port 0 binds");
-    let mut net =
-        Net::new(codec(), super::super::tests::limits()).expect("an epoll instance is made");
+    let mut net = Net::new(codec(), super::super::tests::limits(), Duration::ZERO)
+        .expect("an epoll instance is made");
     net.dial(
         Side::Hub,
         listener

@@ -1,0 +1,112 @@
+//! A round's waits poll before they sleep, for at most the spin, and a rank whose waits
+//! keep outlasting it stops polling until one ends sooner. Measured on the member's own
+//! CPU clock: polling spends it, sleeping does not.
+
+use std::sync::{Barrier, Mutex};
+use std::time::Duration;
+
+use lens_core::blocking::broadcast;
+use lens_tcp::{TcpBroadcaster, loopback_group};
+
+const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
+
+/// One test at a time: the two would poll on each other's cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+#[allow(unsafe_code)]
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is one every Linux has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "the thread's CPU clock reads");
+    Duration::new(
+        u64::try_from(ts.tv_sec).expect("a clock is not negative"),
+        u32::try_from(ts.tv_nsec).expect("nanoseconds fit"),
+    )
+}
+
+/// Two ranks that poll (one rank counted on this host, so whatever its CPUs) for `spin`.
+fn pair(spin: Duration) -> Vec<TcpBroadcaster> {
+    loopback_group(2, |b| {
+        b.key(KEY)
+            .timeout(Duration::from_secs(10))
+            .join_timeout(Duration::from_secs(20))
+            .local_world_size(1)
+            .spin(spin)
+    })
+    .expect("two ranks form a group on loopback")
+    .ranks
+}
+
+/// Rounds from rank 0, each sent `delays[i]` after both ranks began it; the CPU time the
+/// member spent in each.
+fn member_cpu(ranks: &[TcpBroadcaster], delays: &[Duration]) -> Vec<Duration> {
+    let start = Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for d in delays {
+                start.wait();
+                std::thread::sleep(*d);
+                broadcast(&ranks[0], 0, Some(b"ctx")).expect("rank 0's round completes");
+            }
+        });
+        delays
+            .iter()
+            .map(|_| {
+                start.wait();
+                let before = thread_cpu();
+                let got = broadcast(&ranks[1], 0, None).expect("the member's round completes");
+                assert_eq!(got, b"ctx");
+                thread_cpu().saturating_sub(before)
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn a_members_wait_polls_for_its_spin_and_no_longer_and_not_at_all_at_zero() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let late = [Duration::from_millis(80)];
+    let polled = member_cpu(&pair(Duration::from_millis(5)), &late)[0];
+    // Polling runs on the wall clock: a thread descheduled meanwhile spends less of it.
+    assert!(
+        polled >= Duration::from_millis(2),
+        "a member that waited 80 ms with a spin of 5 ms spent {polled:?} of CPU: it did not poll"
+    );
+    assert!(
+        polled < Duration::from_millis(20),
+        "a member that waited 80 ms with a spin of 5 ms spent {polled:?} of CPU: it polled past its spin"
+    );
+    let slept = member_cpu(&pair(Duration::ZERO), &late)[0];
+    assert!(
+        slept < Duration::from_millis(2),
+        "a member with a spin of 0 spent {slept:?} of CPU in an 80 ms wait: it polled"
+    );
+}
+
+#[test]
+fn a_rank_whose_waits_outlast_its_spin_stops_polling_until_one_ends_sooner() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = pair(Duration::from_millis(4));
+    let slow = Duration::from_millis(25);
+    // Four slow rounds take its four points; then one with no delay, then a slow one.
+    let delays = [slow, slow, slow, slow, slow, slow, Duration::ZERO, slow];
+    let cpu = member_cpu(&ranks, &delays);
+    assert!(
+        cpu[0] >= Duration::from_micros(1500),
+        "the first slow round polled: {cpu:?}"
+    );
+    for (i, c) in cpu.iter().enumerate().take(6).skip(4) {
+        assert!(
+            *c < Duration::from_millis(1),
+            "round {i}, after four long waits, slept without polling: {cpu:?}"
+        );
+    }
+    assert!(
+        cpu[7] >= Duration::from_micros(1500),
+        "a wait that ended soon (round 6) gave the points back, so round 7 polled: {cpu:?}"
+    );
+}
