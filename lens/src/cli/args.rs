@@ -31,7 +31,9 @@ pub(crate) enum Command {
     /// 99th percentile in µs, CPU µs per rank and round, and `lens/raw` (ratio of the
     /// medians) on the two lens rows; with --json one object per line: backend, ranks, op,
     /// bytes, iters, median_us, p99_us, cpu_us_per_rank, and ratio_vs_<op> for each baseline
-    /// on the lens lines.
+    /// on the lens lines. With tcp, lens's rounds poll before they sleep where the ranks on
+    /// this host have a CPU each (LENS_TCP_SPIN_US, default 100 µs) and the baselines block:
+    /// LENS_TCP_SPIN_US=0 compares like with like.
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Measure the step sampler on a job of many ranks: the same steps twice on one group,
