@@ -1,6 +1,7 @@
 //! A round's waits poll before they sleep, for at most the spin, and a rank whose waits
 //! keep outlasting it stops polling until one ends sooner. Measured on the member's own
-//! CPU clock: polling spends it, sleeping does not.
+//! CPU clock: polling spends it, sleeping does not. Waits outside a round (the join) never
+//! poll.
 
 use std::sync::{Barrier, Mutex};
 use std::time::Duration;
@@ -109,4 +110,38 @@ fn a_rank_whose_waits_outlast_its_spin_stops_polling_until_one_ends_sooner() {
         cpu[7] >= Duration::from_micros(1500),
         "a wait that ended soon (round 6) gave the points back, so round 7 polled: {cpu:?}"
     );
+}
+
+#[test]
+fn waits_outside_a_round_do_not_poll_the_join() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let config = |rank: usize, addr: &str| {
+        lens_tcp::TcpConfig::builder()
+            .rank(rank)
+            .world_size(2)
+            .addr(addr)
+            .key(KEY)
+            .join_timeout(Duration::from_secs(20))
+            .local_world_size(1)
+            .spin(Duration::from_millis(8))
+            .build()
+            .expect("every setting is given and valid")
+    };
+    let hub = TcpBroadcaster::start(config(0, "127.0.0.1:0")).expect("rank 0 binds loopback");
+    let addr = hub.local_addr().expect("rank 0 is bound").to_string();
+    let member = TcpBroadcaster::start(config(1, &addr)).expect("the member dials rank 0");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Rank 0 admits the member only once it runs its own join, 150 ms from now.
+            std::thread::sleep(Duration::from_millis(150));
+            hub.finish().expect("rank 0 forms the group");
+        });
+        let before = thread_cpu();
+        member.finish().expect("the member is admitted");
+        let spent = thread_cpu().saturating_sub(before);
+        assert!(
+            spent < Duration::from_millis(3),
+            "a member that waited 150 ms to join spent {spent:?} of CPU: the join polled"
+        );
+    });
 }
