@@ -8,26 +8,12 @@ use std::time::Duration;
 
 use lens_core::blocking::broadcast;
 use lens_tcp::{TcpBroadcaster, loopback_group};
+use lens_testkit::thread_cpu;
 
 const KEY: &[u8] = b"a test job key, 32 bytes long!!!";
 
 /// One test at a time: the two would poll on each other's cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-#[allow(unsafe_code)]
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; the clock id is one every Linux has.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "the thread's CPU clock reads");
-    Duration::new(
-        u64::try_from(ts.tv_sec).expect("a clock is not negative"),
-        u32::try_from(ts.tv_nsec).expect("nanoseconds fit"),
-    )
-}
 
 /// Two ranks that poll (one rank counted on this host, so whatever its CPUs) for `spin`.
 fn pair(spin: Duration) -> Vec<TcpBroadcaster> {

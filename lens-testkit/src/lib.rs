@@ -12,6 +12,7 @@
 //! - [`hosts`]: simulated hosts on one machine (network namespaces and a switch that delays,
 //!   drops, cuts and resets), for tests of ranks on separate hosts.
 //! - [`docs`]: the code blocks of a Markdown page, for tests that run the documentation.
+//! - [`thread_cpu`]: the calling thread's CPU clock.
 //! - [`globals`]: code written against the global tracer or `tracing` macros, run per rank.
 //! - `otlp` (feature `otlp`): a real OTLP receiver (gRPC and HTTP/protobuf) on 127.0.0.1.
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@
 
 mod cluster;
 pub mod conformance;
+mod cpu;
 pub mod docs;
 pub mod fake_gpu;
 mod fault;
@@ -32,6 +34,7 @@ pub mod otlp;
 pub mod process;
 
 pub use cluster::{CheckError, Cluster, ClusterBuilder, RankCtx, RankReport, Report};
+pub use cpu::thread_cpu;
 pub use fault::{Corruption, Fault, Faulty};
 /// The in-process backend (`lens-local`), re-exported: the test kit builds on it.
 pub use lens_local::{DEFAULT_ROUND_TIMEOUT, LocalBroadcaster, LocalCluster};

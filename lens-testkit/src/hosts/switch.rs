@@ -306,7 +306,7 @@ impl Switch {
                 stats.late_sum_ns.fetch_add(late, Ordering::Relaxed);
                 stats.late_max_ns.fetch_max(late, Ordering::Relaxed);
             }
-            let cpu = u64::try_from(sys::thread_cpu().as_nanos()).unwrap_or(u64::MAX);
+            let cpu = u64::try_from(crate::thread_cpu().as_nanos()).unwrap_or(u64::MAX);
             stats.cpu_ns.store(cpu, Ordering::Relaxed);
         }
     }

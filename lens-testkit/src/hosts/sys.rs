@@ -97,23 +97,6 @@ pub(super) fn tight_timer_slack() {
     }
 }
 
-/// The CPU time this thread has used.
-pub(super) fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec the call writes.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
 /// Moves the calling thread into the network namespace that `ns` (a file under
 /// `/run/netns`) names.
 pub(super) fn enter_netns(ns: &File) -> io::Result<()> {
