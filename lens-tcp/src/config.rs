@@ -193,6 +193,9 @@ pub struct TcpConfigBuilder {
     source_returns: Option<SourceReturns>,
     spin: Option<Duration>,
     local_world_size: Option<usize>,
+    /// The launcher's local world size and the variable it came from (a hint: a group
+    /// smaller than the launcher's world may have fewer ranks on the host).
+    launcher_local: Option<(&'static str, usize)>,
     /// Malformed environment settings, by field; a setter for the field clears its entry.
     env_errors: EnvErrors,
 }
@@ -211,6 +214,7 @@ impl fmt::Debug for TcpConfigBuilder {
             .field("source_returns", &self.source_returns)
             .field("spin", &self.spin)
             .field("local_world_size", &self.local_world_size)
+            .field("launcher_local", &self.launcher_local)
             .finish_non_exhaustive()
     }
 }
@@ -308,9 +312,9 @@ impl TcpConfigBuilder {
             .find_map(|&var| text(var).map(|t| (var, t)))
         {
             match t.trim().parse::<usize>() {
-                Ok(n) => b.local_world_size = Some(n),
-                Err(_) => {
-                    let why = format!("{var}={t:?} is not a whole number");
+                Ok(n) if n > 0 => b.launcher_local = Some((var, n)),
+                _ => {
+                    let why = format!("{var}={t:?} is not a whole number of at least 1");
                     b.env_errors
                         .note_error("local_world_size", Error::config_for(var, why));
                 }
@@ -434,7 +438,8 @@ impl TcpConfigBuilder {
     }
 
     /// How many of the group's ranks run on this rank's host (environment: the first of
-    /// [`env::LOCAL_WORLD_SIZE`] set, as torchrun, Open MPI, MPICH and Slurm set them;
+    /// [`env::LOCAL_WORLD_SIZE`] set, as torchrun, Open MPI, MPICH and Slurm set them, taken
+    /// as at most the world size, since a group may be smaller than the launcher's world;
     /// default: the world size, as if every rank shared the host). Used only to decide
     /// whether a round's waits may poll ([`TcpConfigBuilder::spin`]).
     pub fn local_world_size(mut self, n: usize) -> Self {
@@ -450,7 +455,7 @@ impl TcpConfigBuilder {
     /// rank not below the world size, a world over [`MAX_WORLD`], a short key, an address
     /// that is not `host:port`, a timeout that is zero or over
     /// [`lens_core::backend::MAX_TIMEOUT`], a spin over [`MAX_SPIN`], or a local world size
-    /// of 0 or over the world size.
+    /// set in code of 0 or over the world size.
     pub fn build(self) -> Result<TcpConfig> {
         self.env_errors.check()?;
         let world_size = self
@@ -504,7 +509,10 @@ impl TcpConfigBuilder {
         if self.fan_out == Some(0) {
             return Err(Error::config("fan-out must be at least 1"));
         }
-        let local_world_size = self.local_world_size.unwrap_or(world_size);
+        let local_world_size = self.local_world_size.unwrap_or_else(|| {
+            self.launcher_local
+                .map_or(world_size, |(_, n)| n.min(world_size))
+        });
         if local_world_size == 0 || local_world_size > world_size {
             return Err(Error::config(format!(
                 "a local world size of {local_world_size} is not between 1 and the world size, {world_size}"

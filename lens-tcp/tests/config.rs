@@ -378,15 +378,27 @@ fn spin_and_local_world_size_from_the_environment_and_from_code() {
             Err(&["OMPI_COMM_WORLD_LOCAL_SIZE=\"two\""]),
         ),
         (
-            "a local world larger than the world",
+            "a launcher's local world larger than this group: the group may be a part of its job",
             vec![("LOCAL_WORLD_SIZE", "9")],
             None,
+            Ok((DEFAULT_SPIN, 8)),
+        ),
+        (
+            "a launcher that says no rank is on this host",
+            vec![("LOCAL_WORLD_SIZE", "0")],
+            None,
+            Err(&["LOCAL_WORLD_SIZE=\"0\"", "at least 1"]),
+        ),
+        (
+            "a local world set in code larger than the world",
+            vec![],
+            Some(|b| b.local_world_size(9)),
             Err(&["local world size of 9", "world size, 8"]),
         ),
         (
-            "no rank on this host",
-            vec![("LOCAL_WORLD_SIZE", "0")],
-            None,
+            "no rank on this host, in code",
+            vec![],
+            Some(|b| b.local_world_size(0)),
             Err(&["local world size of 0"]),
         ),
         (
