@@ -23,6 +23,17 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 /// its way but a core spent.
 pub const MAX_SPIN: Duration = Duration::from_millis(10);
 
+/// The whole number in environment variable `var`'s text, or an error naming it that says
+/// it is not `what`.
+fn whole(var: &str, text: &str, what: &str) -> Result<usize> {
+    text.trim().parse().map_err(|_| not_a(var, text, what))
+}
+
+/// Environment variable `var`'s `text` is not `what`.
+fn not_a(var: &str, text: &str, what: &str) -> Error {
+    Error::config_for(var, format!("{var}={text:?} is not {what}"))
+}
+
 /// `host:port` split, an IPv6 host without its brackets.
 pub(crate) fn split_host_port(addr: &str) -> Option<(&str, u16)> {
     let (host, port) = addr.rsplit_once(':')?;
@@ -193,9 +204,9 @@ pub struct TcpConfigBuilder {
     source_returns: Option<SourceReturns>,
     spin: Option<Duration>,
     local_world_size: Option<usize>,
-    /// The launcher's local world size and the variable it came from (a hint: a group
-    /// smaller than the launcher's world may have fewer ranks on the host).
-    launcher_local: Option<(&'static str, usize)>,
+    /// The launcher's local world size (a hint: a group smaller than the launcher's world
+    /// may have fewer ranks on the host).
+    launcher_local: Option<usize>,
     /// Malformed environment settings, by field; a setter for the field clears its entry.
     env_errors: EnvErrors,
 }
@@ -290,14 +301,10 @@ impl TcpConfigBuilder {
         let join_timeout = secs(env::JOIN_TIMEOUT, "join_timeout");
         b.timeout = timeout;
         b.join_timeout = join_timeout;
-        if let Some(k) = text(env::FAN_OUT) {
-            match k.trim().parse::<usize>() {
+        if let Some(t) = text(env::FAN_OUT) {
+            match whole(env::FAN_OUT, &t, "a whole number") {
                 Ok(k) => b.fan_out = Some(k),
-                Err(_) => {
-                    let why = format!("{}={k:?} is not a whole number", env::FAN_OUT);
-                    b.env_errors
-                        .note_error("fan_out", Error::config_for(env::FAN_OUT, why));
-                }
+                Err(e) => b.env_errors.note_error("fan_out", e),
             }
         }
         b.advertise_host = text(env::HOST);
@@ -311,26 +318,20 @@ impl TcpConfigBuilder {
             .iter()
             .find_map(|&var| text(var).map(|t| (var, t)))
         {
-            match t.trim().parse::<usize>() {
-                Ok(n) if n > 0 => b.launcher_local = Some((var, n)),
-                _ => {
-                    let why = format!("{var}={t:?} is not a whole number of at least 1");
-                    b.env_errors
-                        .note_error("local_world_size", Error::config_for(var, why));
-                }
+            let what = "a whole number of at least 1";
+            match whole(var, &t, what).ok().filter(|&n| n > 0) {
+                Some(n) => b.launcher_local = Some(n),
+                None => b
+                    .env_errors
+                    .note_error("local_world_size", not_a(var, &t, what)),
             }
         }
         if let Some(t) = text(env::SPIN_US) {
-            match t.trim().parse::<u64>() {
-                Ok(us) => b.spin = Some(Duration::from_micros(us)),
-                Err(_) => {
-                    let why = format!(
-                        "{}={t:?} is not a whole number of microseconds",
-                        env::SPIN_US
-                    );
-                    b.env_errors
-                        .note_error("spin", Error::config_for(env::SPIN_US, why));
+            match whole(env::SPIN_US, &t, "a whole number of microseconds") {
+                Ok(us) => {
+                    b.spin = Some(Duration::from_micros(u64::try_from(us).unwrap_or(u64::MAX)));
                 }
+                Err(e) => b.env_errors.note_error("spin", e),
             }
         }
         b
@@ -511,7 +512,7 @@ impl TcpConfigBuilder {
         }
         let local_world_size = self.local_world_size.unwrap_or_else(|| {
             self.launcher_local
-                .map_or(world_size, |(_, n)| n.min(world_size))
+                .map_or(world_size, |n| n.min(world_size))
         });
         if local_world_size == 0 || local_world_size > world_size {
             return Err(Error::config(format!(

@@ -131,3 +131,48 @@ fn waits_outside_a_round_do_not_poll_the_join() {
         );
     });
 }
+
+#[test]
+fn no_rank_polls_where_the_hosts_ranks_outnumber_its_cpus() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // One rank more than this process's CPUs, every one of them counted on this host (no
+    // launcher variable: the whole world is local).
+    let n = std::thread::available_parallelism().map_or(1, usize::from) + 1;
+    let ranks = loopback_group(n, |b| {
+        b.key(KEY)
+            .timeout(Duration::from_secs(10))
+            .join_timeout(Duration::from_secs(30))
+            .spin(Duration::from_millis(5))
+    })
+    .expect("the ranks form a group on loopback")
+    .ranks;
+    let start = Barrier::new(n);
+    let spent = std::thread::scope(|s| {
+        let members: Vec<_> = ranks[1..]
+            .iter()
+            .map(|r| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let before = thread_cpu();
+                    broadcast(r, 0, None).expect("a member's round completes");
+                    thread_cpu().saturating_sub(before)
+                })
+            })
+            .collect();
+        start.wait();
+        std::thread::sleep(Duration::from_millis(80));
+        broadcast(&ranks[0], 0, Some(b"ctx")).expect("rank 0's round completes");
+        members
+            .into_iter()
+            .map(|m| m.join().expect("a member thread does not panic"))
+            .collect::<Vec<_>>()
+    });
+    for (i, cpu) in spent.iter().enumerate() {
+        assert!(
+            *cpu < Duration::from_millis(2),
+            "rank {} of {n} ranks on this host spent {cpu:?} of CPU in an 80 ms wait with a spin of 5 ms: it polled",
+            i + 1
+        );
+    }
+}

@@ -92,14 +92,16 @@ def _wait(work: Any, timeout: float, cpu: bool) -> None:
         if done is False:
             raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s")
         return
-    deadline = time.monotonic() + timeout
-    busy_until = time.perf_counter() + _SPIN
+    start = time.monotonic()
+    deadline = start + timeout
+    busy_until = start + _SPIN
     spins = 0
     pause = 20e-6
     while not work.is_completed():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise TimeoutError(f"the torch collective did not complete within {timeout:.3f} s")
-        if time.perf_counter() < busy_until:
+        if now < busy_until:
             continue
         if spins < 200:
             spins += 1
