@@ -176,3 +176,30 @@ fn no_rank_polls_where_the_hosts_ranks_outnumber_its_cpus() {
         );
     }
 }
+
+#[test]
+fn a_polling_source_still_names_the_rank_that_came_late() {
+    use lens_core::Broadcaster as _;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let ranks = pair(Duration::from_millis(5));
+    let late = Duration::from_millis(40);
+    let start = Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            start.wait();
+            std::thread::sleep(late);
+            broadcast(&ranks[1], 0, None).expect("the member's round completes");
+        });
+        start.wait();
+        broadcast(&ranks[0], 0, Some(b"ctx")).expect("rank 0's round completes");
+    });
+    let a = ranks[0]
+        .take_arrivals()
+        .expect("the source knows how the ranks came");
+    assert_eq!(a.last_rank, 1, "{a:?}");
+    let spread = Duration::from_nanos(a.spread_ns);
+    assert!(
+        spread >= late - Duration::from_millis(5) && spread < Duration::from_secs(5),
+        "the member came 40 ms after the source, the spread says {spread:?}"
+    );
+}
